@@ -1,0 +1,55 @@
+# The two commands of the README: `make demo` and `make test`. Both set up
+# everything on a fresh machine: a venv cached OUTSIDE the clone, keyed by a
+# hash of the pinned requirements (so CI reuses it and disk use stays flat),
+# then the C++/CUDA extension, built in place with ninja (incremental).
+
+PYTHON3  ?= python3
+CACHE    ?= $(HOME)/.cache/d9d_kernels
+HASH     := $(shell cat requirements-dev.txt constraints.txt | sha256sum | cut -c1-16)
+VENV     := $(CACHE)/venv-$(HASH)
+PY       := $(VENV)/bin/python
+STAMP    := $(VENV)/.complete
+# Archs for the CUDA kernels (no GPU here: torch's default would probe one and crash).
+export TORCH_CUDA_ARCH_LIST ?= 8.0;9.0
+export PYTHONPATH := $(CURDIR)$(if $(PYTHONPATH),:$(PYTHONPATH))
+SOURCES  := setup.py $(wildcard csrc/*.cpp csrc/*.h csrc/cpu/*.cpp csrc/cpu/*.h csrc/cuda/*.cu csrc/cuda/*.cuh)
+EXT      := build/.ext-$(HASH)
+PYTEST_ARGS ?=
+
+.PHONY: all venv build test demo bench clean distclean
+
+all: build
+
+$(STAMP): requirements-dev.txt constraints.txt
+	@echo ">> creating venv $(VENV)"
+	@mkdir -p $(CACHE)
+	@# other hashes are stale venvs: drop them so disk use stays flat
+	@find $(CACHE) -maxdepth 1 -name 'venv-*' ! -name 'venv-$(HASH)' -exec rm -rf {} +
+	@rm -rf $(VENV)
+	$(PYTHON3) -m venv $(VENV)
+	$(PY) -m pip install -q -r requirements-dev.txt -c constraints.txt
+	@touch $(STAMP)
+
+venv: $(STAMP)
+
+$(EXT): $(STAMP) $(SOURCES)
+	@echo ">> building d9d_kernels._C (TORCH_CUDA_ARCH_LIST=$(TORCH_CUDA_ARCH_LIST))"
+	MAX_JOBS=2 $(PY) setup.py -q build_ext --inplace
+	@touch $(EXT)
+
+build: $(EXT)
+
+test: build
+	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS) tests
+
+demo: build
+	$(PY) -m d9d_kernels.demo
+
+bench: build
+	$(PY) bench/run_all.py --quick
+
+clean:
+	rm -rf build d9d_kernels/_C*.so *.egg-info
+
+distclean: clean
+	rm -rf $(VENV)

@@ -1,0 +1,30 @@
+// Every op schema of d9d_kernels in one place. Backends only m.impl() these:
+// csrc/cpu/<op>.cpp (CPU), csrc/cuda/<op>.cu (CUDA). The Python reference in
+// d9d_kernels/reference.py is the specification of each op.
+#include <Python.h>
+#include <torch/library.h>
+
+extern "C" {
+// Importing d9d_kernels._C runs the static TORCH_LIBRARY initialisers below.
+PyObject* PyInit__C(void) {
+  static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr};
+  return PyModule_Create(&module_def);
+}
+}
+
+TORCH_LIBRARY(d9d_kernels, m) {
+  m.def(
+      "weighted_moments(Tensor x, Tensor? y, Tensor? weights, Tensor? mask, bool skip_bad, "
+      "Tensor(a!) state, Tensor(b!) bad, Tensor(c!)? pivot) -> ()");
+  m.def(
+      "class_stats(Tensor preds, Tensor target, Tensor? mask, int num_classes, int? ignore_index, "
+      "int[] top_ks, bool nll, Tensor(a!) stats, Tensor(b!)? confmat, Tensor(c!) extras, "
+      "Tensor(d!) bad) -> ()");
+  m.def(
+      "binary_stats(Tensor preds, Tensor target, Tensor? mask, float threshold, int? ignore_index, "
+      "int input_kind, Tensor(a!) state, Tensor(b!) bad) -> ()");
+  m.def(
+      "score_histogram(Tensor preds, Tensor target, Tensor? mask, int? ignore_index, int input_kind, "
+      "bool multiclass, Tensor(a!) hist, Tensor(b!) bad) -> ()");
+  m.def("running_extrema(Tensor x, Tensor? mask, bool skip_bad, Tensor(a!) state, Tensor(b!) bad) -> ()");
+}

@@ -1,0 +1,9 @@
+"""d9d_kernels: fused metric kernels and a metric library for large-scale PyTorch training.
+
+``import d9d_kernels`` never initialises CUDA and works without the compiled
+extension (see ``d9d_kernels.ops.backends()``).
+"""
+
+from d9d_kernels import _extension, ops, reference  # noqa: F401
+
+__version__ = "0.1.0"

@@ -1,0 +1,75 @@
+"""binary_stats: per-label tp / fp / tn / fn for binary and multilabel tasks.
+
+The reference in ``d9d_kernels.reference`` is the specification.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from d9d_kernels import reference
+from d9d_kernels.ops._common import as_float, as_index
+from d9d_kernels.ops._dispatch import FLOATS, check, check_mask, check_state, pick
+
+OP = "binary_stats"
+
+
+def binary_stats(
+    preds: torch.Tensor,
+    target: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    *,
+    state: torch.Tensor,
+    bad: torch.Tensor,
+    threshold: float = 0.5,
+    ignore_index: int | None = None,
+    input_kind: int = reference.INPUT_AUTO,
+    backend: str | None = None,
+) -> None:
+    """Adds per-label confusion counts of one batch into ``state``.
+
+    Args:
+        preds: ``[N]`` (binary, L = 1) or ``[N, L]`` (multilabel); floating
+            probabilities/logits, or integer/bool 0/1.
+        target: same shape as ``preds``; 0/1 (integer, bool or floating).
+        mask: bool broadcastable to ``target`` or ``None``.
+        state: float64 ``[L, 4]`` (tp, fp, tn, fn per label).
+        bad: float64 ``[1]``: entries with a target not in {0, 1} or a NaN/Inf pred.
+        threshold: positive iff probability > threshold.
+        ignore_index: target value whose entries are dropped, or ``None``.
+        input_kind: ``reference.INPUT_PROBS | INPUT_LOGITS | INPUT_AUTO``.
+        backend: force ``"cpp" | "cuda" | "triton" | "torch"``.
+
+    Example:
+        >>> import torch, d9d_kernels as dk
+        >>> st, bad = torch.zeros(1, 4, dtype=torch.float64), torch.zeros(1, dtype=torch.float64)
+        >>> dk.ops.binary_stats(torch.tensor([0.9, 0.2, 0.7]), torch.tensor([1, 0, 0]), state=st, bad=bad)
+        >>> st.tolist()  # tp, fp, tn, fn
+        [[1.0, 1.0, 1.0, 0.0]]
+    """
+    check(isinstance(preds, torch.Tensor), OP, "preds", "must be a torch.Tensor", TypeError)
+    dev = preds.device
+    is_float = preds.dtype in FLOATS
+    preds = as_float(OP, "preds", preds, dev)
+    if not is_float:
+        input_kind = reference.INPUT_PROBS
+    target = as_index(OP, "target", target, dev)
+    check(preds.shape == target.shape, OP, "target", f"must have the shape of preds {tuple(preds.shape)}, got {tuple(target.shape)}")
+    check(input_kind in (0, 1, 2), OP, "input_kind", f"must be 0 (probs), 1 (logits) or 2 (auto), got {input_kind!r}")
+    n_lab = 1 if preds.dim() <= 1 else preds.shape[-1]
+    mask = check_mask(OP, mask, target.shape, dev)
+    check_state(OP, "state", state, (n_lab, 4), dev)
+    check_state(OP, "bad", bad, (1,), dev)
+    preds = preds.reshape(-1, n_lab)
+    target = target.reshape(-1, n_lab)
+    mask = None if mask is None else mask.reshape(-1, n_lab)
+    impl = pick(OP, dev, backend)
+    args = (preds, target, mask, float(threshold), ignore_index, int(input_kind), state, bad)
+    if impl in ("cpp", "cuda"):
+        torch.ops.d9d_kernels.binary_stats(*args)
+    elif impl == "triton":
+        from d9d_kernels.triton.binary_stats import binary_stats as tr
+
+        tr(*args)
+    else:
+        reference.binary_stats(*args)

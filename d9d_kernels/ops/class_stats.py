@@ -1,0 +1,102 @@
+"""class_stats: multiclass per-class tp / predicted / target counts in one pass.
+
+From class indices ``[N]`` or straight from scores/logits ``[N, C]`` (argmax,
+several top-k at once, optional target NLL by log-sum-exp), with an optional
+``[C, C]`` confusion matrix. The reference in ``d9d_kernels.reference`` is
+the specification (tie rule included).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from d9d_kernels import reference
+from d9d_kernels.ops._common import as_index
+from d9d_kernels.ops._dispatch import FLOATS, check, check_mask, check_state, pick
+
+OP = "class_stats"
+
+
+def class_stats(
+    preds: torch.Tensor,
+    target: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    *,
+    num_classes: int,
+    stats: torch.Tensor,
+    extras: torch.Tensor,
+    bad: torch.Tensor,
+    confmat: torch.Tensor | None = None,
+    ignore_index: int | None = None,
+    top_ks: tuple[int, ...] | list[int] = (1,),
+    nll: bool = False,
+    backend: str | None = None,
+) -> None:
+    """Adds multiclass statistics of one batch into the state tensors.
+
+    Args:
+        preds: integer class indices of ``target``'s shape, or floating
+            scores/logits of shape ``target.shape + (num_classes,)``.
+        target: integer class indices, any shape (flattened), e.g. ``[N]``
+            or ``[B, T]``.
+        mask: bool broadcastable to ``target`` or ``None``.
+        num_classes: C.
+        stats: float64 ``[len(top_ks), 3, C]`` (tp, predicted, target per class).
+        extras: float64 ``[2]``: valid rows, NLL sum.
+        bad: float64 ``[1]``: rows with an out-of-range target/pred or NaN/Inf scores.
+        confmat: float64 ``[C, C]`` (rows = target, cols = argmax) or ``None``.
+        ignore_index: target value whose rows are dropped, or ``None``.
+        top_ks: distinct k's, ``1 <= k <= C`` (only ``(1,)`` for index preds).
+        nll: accumulate ``logsumexp(s) - s[target]`` (scores only).
+        backend: force ``"cpp" | "cuda" | "triton" | "torch"``.
+
+    Example:
+        >>> import torch, d9d_kernels as dk
+        >>> st = torch.zeros(1, 3, 3, dtype=torch.float64)
+        >>> ex, bad = torch.zeros(2, dtype=torch.float64), torch.zeros(1, dtype=torch.float64)
+        >>> dk.ops.class_stats(torch.tensor([0, 2, 1]), torch.tensor([0, 1, 1]),
+        ...                    num_classes=3, stats=st, extras=ex, bad=bad)
+        >>> st[0, 0].tolist()  # true positives per class
+        [1.0, 1.0, 0.0]
+    """
+    check(isinstance(num_classes, int) and num_classes >= 1, OP, "num_classes", f"must be an int >= 1, got {num_classes!r}")
+    check(isinstance(preds, torch.Tensor), OP, "preds", "must be a torch.Tensor", TypeError)
+    dev = preds.device
+    target = as_index(OP, "target", target, dev)
+    C = num_classes
+    scores = preds.dtype in FLOATS
+    if scores:
+        check(
+            tuple(preds.shape) == tuple(target.shape) + (C,),
+            OP, "preds", f"scores must have shape target.shape + (num_classes,) = {tuple(target.shape) + (C,)}, got {tuple(preds.shape)}",
+        )
+    else:
+        check(not preds.is_complex() and preds.dtype != torch.bool, OP, "preds", f"must be integer indices or floating scores, got {preds.dtype}", TypeError)
+        check(tuple(preds.shape) == tuple(target.shape), OP, "preds", f"indices must have the shape of target {tuple(target.shape)}, got {tuple(preds.shape)}")
+        preds = preds.to(torch.int64)
+    top_ks = [int(k) for k in top_ks]
+    check(len(top_ks) >= 1 and len(set(top_ks)) == len(top_ks), OP, "top_ks", f"must be distinct and non-empty, got {top_ks}")
+    check(all(1 <= k <= C for k in top_ks), OP, "top_ks", f"must lie in [1, num_classes={C}], got {top_ks}")
+    check(scores or top_ks == [1], OP, "top_ks", "must be (1,) when preds are class indices (top-k needs scores)")
+    check(scores or not nll, OP, "nll", "needs scores/logits preds, got class indices")
+    mask = check_mask(OP, mask, target.shape, dev)
+    check_state(OP, "stats", stats, (len(top_ks), 3, C), dev)
+    check_state(OP, "extras", extras, (2,), dev)
+    check_state(OP, "bad", bad, (1,), dev)
+    if confmat is not None:
+        check_state(OP, "confmat", confmat, (C, C), dev)
+
+    n = target.numel()
+    target = target.reshape(-1)
+    preds = preds.reshape(n, C) if scores else preds.reshape(-1)
+    mask = None if mask is None else mask.reshape(-1)
+    impl = pick(OP, dev, backend)
+    args = (preds, target, mask, C, ignore_index, top_ks, nll, stats, confmat, extras, bad)
+    if impl in ("cpp", "cuda"):
+        torch.ops.d9d_kernels.class_stats(*args)
+    elif impl == "triton":
+        from d9d_kernels.triton.class_stats import class_stats as tr
+
+        tr(*args)
+    else:
+        reference.class_stats(*args)

@@ -1,0 +1,58 @@
+"""running_extrema: running max and (negated) min in one MAX-reducible state.
+
+The reference in ``d9d_kernels.reference`` is the specification.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from d9d_kernels import reference
+from d9d_kernels.ops._common import as_float
+from d9d_kernels.ops._dispatch import check_mask, check_state, pick
+
+OP = "running_extrema"
+
+
+def running_extrema(
+    x: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    *,
+    state: torch.Tensor,
+    bad: torch.Tensor,
+    skip_bad: bool = False,
+    backend: str | None = None,
+) -> None:
+    """Folds ``max(x)`` and ``-min(x)`` into ``state``.
+
+    Args:
+        x: any shape, floating (integers are promoted to float32).
+        mask: bool broadcastable to ``x`` or ``None``.
+        state: float64 ``[2]`` = (max, -min), initialised to ``-inf``.
+        bad: float64 ``[1]``: += valid NaN/±Inf elements.
+        skip_bad: leave NaN out instead of propagating it.
+        backend: force ``"cpp" | "cuda" | "triton" | "torch"``.
+
+    Example:
+        >>> import torch, d9d_kernels as dk
+        >>> st = torch.full((2,), float("-inf"), dtype=torch.float64)
+        >>> dk.ops.running_extrema(torch.tensor([3.0, -1.0]), state=st, bad=torch.zeros(1, dtype=torch.float64))
+        >>> st.tolist()
+        [3.0, 1.0]
+    """
+    dev = x.device if isinstance(x, torch.Tensor) else torch.device("cpu")
+    x = as_float(OP, "x", x, dev)
+    mask = check_mask(OP, mask, x.shape, dev)
+    check_state(OP, "state", state, (2,), dev)
+    check_state(OP, "bad", bad, (1,), dev)
+    x = x.reshape(-1)
+    mask = None if mask is None else mask.reshape(-1)
+    impl = pick(OP, dev, backend)
+    if impl in ("cpp", "cuda"):
+        torch.ops.d9d_kernels.running_extrema(x, mask, skip_bad, state, bad)
+    elif impl == "triton":
+        from d9d_kernels.triton.running_extrema import running_extrema as tr
+
+        tr(x, mask, skip_bad, state, bad)
+    else:
+        reference.running_extrema(x, mask, skip_bad, state, bad)

@@ -1,0 +1,407 @@
+"""Pure-PyTorch reference of every d9d_kernels op.
+
+This file is the specification of the ops: the C++ (``csrc/cpu``), CUDA
+(``csrc/cuda``) and Triton (``d9d_kernels/triton``) kernels must produce the
+same state, bit for bit on counts, to float64 rounding on sums. It is also
+the ``"torch"`` backend (used when nothing compiled is available) and the
+baseline of ``bench/bench_kernels.py``.
+
+Conventions shared by all ops
+-----------------------------
+* Every op is *in place*: it adds into float64 state tensors that the caller
+  owns (slices of a metric group's packed buffer) and returns nothing.
+  float64 keeps counts exact up to 2**53.
+* Inputs are flattened by the ``d9d_kernels.ops`` wrappers; the ops see the
+  shapes documented below. Floating inputs may be float16, bfloat16, float32
+  or float64; they are promoted to float64 before any arithmetic.
+* ``mask`` (bool, same leading shape as ``target``/``x`` or ``None``) drops
+  elements: a dropped element changes no slot at all.
+* Nothing is checked on the host that needs the data: elements that are bad
+  (a NaN/Inf value, a class index out of range) are *counted* into the
+  ``bad`` counter (float64 ``[1]``) on the device, and the metric raises at
+  ``compute()``.
+* Nothing here reads tensor data on the host, so the reference also runs
+  under ``torch.compile(fullgraph=True)``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = [
+    "MOMENTS",
+    "MOMENTS_SIZE",
+    "weighted_moments",
+    "class_stats",
+    "binary_stats",
+    "score_histogram",
+    "running_extrema",
+    "INPUT_PROBS",
+    "INPUT_LOGITS",
+    "INPUT_AUTO",
+]
+
+# Slots of the weighted-moments state (float64 [MOMENTS_SIZE]).
+# px, py are the pivots (see weighted_moments); sums are about them.
+MOMENTS = {
+    "w": 0,  # Σ w
+    "sx": 1,  # Σ w (x - px)
+    "sxx": 2,  # Σ w (x - px)^2
+    "sy": 3,  # Σ w (y - py)
+    "syy": 4,  # Σ w (y - py)^2
+    "sxy": 5,  # Σ w (x - px)(y - py)
+    "sae": 6,  # Σ w |x - y|
+    "sse": 7,  # Σ w (x - y)^2
+    "n": 8,  # Σ 1   (number of valid elements, unweighted)
+}
+MOMENTS_SIZE = 9
+
+# input_kind of binary_stats / score_histogram
+INPUT_PROBS = 0  # preds are probabilities in [0, 1] (or 0/1 integers)
+INPUT_LOGITS = 1  # preds are logits: sigmoid (softmax for multiclass) applied
+INPUT_AUTO = 2  # logits iff any valid pred of this call lies outside [0, 1]
+
+
+def _f64(t: torch.Tensor) -> torch.Tensor:
+    return t.to(torch.float64)
+
+
+def _valid(shape, device, mask):
+    if mask is None:
+        return torch.ones(shape, dtype=torch.bool, device=device)
+    return mask.to(torch.bool)
+
+
+def weighted_moments(
+    x: torch.Tensor,
+    y: torch.Tensor | None,
+    weights: torch.Tensor | None,
+    mask: torch.Tensor | None,
+    skip_bad: bool,
+    state: torch.Tensor,
+    bad: torch.Tensor,
+    pivot: torch.Tensor | None = None,
+) -> None:
+    """One-pass weighted moments of ``x`` (and of ``y`` and ``x - y``).
+
+    Args:
+        x: ``[N]`` floating.
+        y: ``[N]`` floating or ``None`` (then slots sy..sse are untouched).
+        weights: ``[N]`` floating or ``None`` (weight 1).
+        mask: ``[N]`` bool or ``None``.
+        skip_bad: if True, elements whose x, y or w is NaN/Inf are left out of
+            every sum (``nan_strategy="ignore"``); if False they are summed
+            (NaN propagates, ``nan_strategy="propagate"``). Either way they
+            are counted into ``bad``.
+        state: float64 ``[MOMENTS_SIZE]``, slots as in ``MOMENTS``; added to.
+        bad: float64 ``[1]``; += number of valid elements with a non-finite
+            x, y or w.
+        pivot: float64 ``[2]`` = ``(px, py)`` or ``None`` (pivots 0). A NaN
+            pivot is *unset*: it is first set to the x (y) of the first valid
+            element, in index order, whose x, y and w are all finite; it is
+            then left alone. Sums about a pivot near the data keep
+            variances exact for data like ``1e6 + noise``.
+    """
+    x = _f64(x.reshape(-1))
+    valid = _valid(x.shape, x.device, mask).reshape(-1)
+    w = torch.ones_like(x) if weights is None else _f64(weights.reshape(-1))
+    yy = None if y is None else _f64(y.reshape(-1))
+    finite = torch.isfinite(x) & torch.isfinite(w)
+    if yy is not None:
+        finite = finite & torch.isfinite(yy)
+    bad.add_((valid & ~finite).sum(dtype=torch.float64).reshape(1))
+    use = valid & finite if skip_bad else valid
+
+    if pivot is None:
+        px = torch.zeros((), dtype=torch.float64, device=x.device)
+        py = torch.zeros((), dtype=torch.float64, device=x.device)
+    else:
+        good = valid & finite
+        # first good element in index order (argmax of bool returns the first True)
+        first = torch.argmax(good.to(torch.int8)) if x.numel() > 0 else None
+        if first is not None:
+            has = good.any()
+            new_px = torch.where(torch.isnan(pivot[0]) & has, x[first], pivot[0])
+            pivot[0].copy_(new_px)
+            if yy is not None:
+                new_py = torch.where(torch.isnan(pivot[1]) & has, yy[first], pivot[1])
+                pivot[1].copy_(new_py)
+        # an unset pivot only occurs when no good element exists; use 0 then
+        px = torch.nan_to_num(pivot[0], nan=0.0)
+        py = torch.nan_to_num(pivot[1], nan=0.0)
+
+    zero = torch.zeros((), dtype=torch.float64, device=x.device)
+    wu = torch.where(use, w, zero)
+    dx = torch.where(use, x - px, zero)
+    s = torch.zeros(MOMENTS_SIZE, dtype=torch.float64, device=x.device)
+    s[0] = wu.sum()
+    s[1] = (wu * dx).sum()
+    s[2] = (wu * dx * dx).sum()
+    if yy is not None:
+        dy = torch.where(use, yy - py, zero)
+        diff = torch.where(use, x - yy, zero)
+        s[3] = (wu * dy).sum()
+        s[4] = (wu * dy * dy).sum()
+        s[5] = (wu * dx * dy).sum()
+        s[6] = (wu * diff.abs()).sum()
+        s[7] = (wu * diff * diff).sum()
+    s[8] = use.sum(dtype=torch.float64)
+    state.add_(s)
+
+
+def _class_scores_valid(preds, target, valid, num_classes, ignore_index):
+    """Returns (valid rows, bad rows) for class_stats."""
+    keep = valid.clone()
+    if ignore_index is not None:
+        keep = keep & (target != ignore_index)
+    in_range = (target >= 0) & (target < num_classes)
+    if preds.is_floating_point():
+        in_range = in_range & torch.isfinite(preds).all(dim=-1) if preds.numel() else in_range
+    else:
+        in_range = in_range & (preds >= 0) & (preds < num_classes)
+    return keep & in_range, keep & ~in_range
+
+
+def class_stats(
+    preds: torch.Tensor,
+    target: torch.Tensor,
+    mask: torch.Tensor | None,
+    num_classes: int,
+    ignore_index: int | None,
+    top_ks: list[int],
+    nll: bool,
+    stats: torch.Tensor,
+    confmat: torch.Tensor | None,
+    extras: torch.Tensor,
+    bad: torch.Tensor,
+) -> None:
+    """Multiclass per-class statistics, optionally from scores in one pass.
+
+    Args:
+        preds: class indices ``[N]`` (integer) or scores/logits ``[N, C]``
+            (floating, ``C == num_classes``).
+        target: ``[N]`` integer class indices.
+        mask: ``[N]`` bool or ``None``.
+        num_classes: C.
+        ignore_index: rows whose target equals it are dropped (not bad).
+        top_ks: K distinct values ``1 <= k <= C``; must be ``[1]`` for index
+            preds. For scores, class j ranks ahead of class i in a row iff
+            ``s_j > s_i`` or ``s_j == s_i and j < i`` (ties: lower index
+            first, as ``torch.argmax``); the top-k are the k first.
+        nll: if True (scores only), ``extras[1] += Σ logsumexp(s) - s[target]``
+            over valid rows (natural log), computed without a softmax tensor.
+        stats: float64 ``[K, 3, C]``; for each k in top_ks, added to:
+            ``[k, 0, c]`` rows with target c and c in the top-k (true positives),
+            ``[k, 1, c]`` rows with c in the top-k (predicted),
+            ``[k, 2, c]`` rows with target c.
+        confmat: float64 ``[C, C]`` or ``None``; ``confmat[target, argmax] += 1``.
+        extras: float64 ``[2]``: ``[0]`` += valid rows, ``[1]`` += NLL sum.
+        bad: float64 ``[1]``; += rows (kept by mask/ignore_index) whose target
+            is outside ``[0, C)``, whose index pred is outside ``[0, C)``, or
+            whose scores hold a NaN/Inf. Bad rows change nothing else.
+    """
+    C = num_classes
+    target = target.reshape(-1).to(torch.int64)
+    n = target.shape[0]
+    valid = _valid((n,), target.device, mask).reshape(-1)
+    scores = preds.is_floating_point()
+    preds = preds.reshape(n, C) if scores else preds.reshape(-1).to(torch.int64)
+    ok, is_bad = _class_scores_valid(preds, target, valid, C, ignore_index)
+    bad.add_(is_bad.sum(dtype=torch.float64).reshape(1))
+    okf = ok.to(torch.float64)
+    tgt = torch.where(ok, target, torch.zeros_like(target))
+    one_hot_t = torch.zeros(n, C, dtype=torch.float64, device=target.device)
+    one_hot_t.scatter_(1, tgt[:, None], okf[:, None])
+
+    if scores:
+        s = _f64(preds)
+        kmax = max(top_ks)
+        # stable descending sort: ties keep index order (lower index first)
+        order = torch.sort(s, dim=1, descending=True, stable=True).indices[:, :kmax]
+        argmax = order[:, 0]
+    else:
+        order = torch.where(ok, preds, torch.zeros_like(preds))[:, None]
+        argmax = order[:, 0]
+
+    for i, k in enumerate(top_ks):
+        in_top = torch.zeros(n, C, dtype=torch.float64, device=target.device)
+        in_top.scatter_(1, order[:, :k], okf[:, None].expand(n, k).contiguous())
+        stats[i, 0].add_((in_top * one_hot_t).sum(0))
+        stats[i, 1].add_(in_top.sum(0))
+        stats[i, 2].add_(one_hot_t.sum(0))
+
+    if confmat is not None:
+        am = torch.where(ok, argmax, torch.zeros_like(argmax))
+        confmat.view(-1).index_add_(0, tgt * C + am, okf)
+
+    e = torch.zeros(2, dtype=torch.float64, device=target.device)
+    e[0] = okf.sum()
+    if nll and scores:
+        s_ok = torch.where(ok[:, None], s, torch.zeros_like(s))
+        lse = torch.logsumexp(s_ok, dim=1)
+        st = s_ok.gather(1, tgt[:, None])[:, 0]
+        e[1] = torch.where(ok, lse - st, torch.zeros_like(lse)).sum()
+    extras.add_(e)
+
+
+def _to_probs(p: torch.Tensor, keep: torch.Tensor, input_kind: int, softmax_dim: int | None):
+    """Probabilities from preds per input_kind. ``keep`` marks valid entries."""
+    p = _f64(p)
+    if input_kind == INPUT_PROBS:
+        return p
+    if input_kind == INPUT_AUTO:
+        outside = ((p < 0) | (p > 1)) & keep
+        is_logit = outside.any()
+    else:
+        is_logit = torch.ones((), dtype=torch.bool, device=p.device)
+    if softmax_dim is None:
+        conv = torch.sigmoid(p)
+    else:
+        conv = torch.softmax(p, dim=softmax_dim)
+    return torch.where(is_logit, conv, p)
+
+
+def binary_stats(
+    preds: torch.Tensor,
+    target: torch.Tensor,
+    mask: torch.Tensor | None,
+    threshold: float,
+    ignore_index: int | None,
+    input_kind: int,
+    state: torch.Tensor,
+    bad: torch.Tensor,
+) -> None:
+    """Per-label confusion counts for binary / multilabel tasks.
+
+    Args:
+        preds: ``[N, L]`` floating probabilities/logits, or integer/bool 0/1.
+        target: ``[N, L]`` integer/bool/floating, values 0 or 1.
+        mask: ``[N, L]`` bool or ``None``.
+        threshold: a probability ``p`` is positive iff ``p > threshold``
+            (torchmetrics' rule). Logits are compared after the sigmoid.
+        ignore_index: entries whose target equals it are dropped (not bad).
+        input_kind: ``INPUT_PROBS``, ``INPUT_LOGITS`` or ``INPUT_AUTO`` (logits
+            iff any valid pred of this call is outside [0, 1]); integer preds
+            are always probabilities.
+        state: float64 ``[L, 4]``: per label ``tp, fp, tn, fn``; added to.
+        bad: float64 ``[1]``; += valid entries whose target is not 0/1 or
+            whose pred is NaN/Inf (after ``input_kind`` inference for
+            INPUT_AUTO, an Inf logit counts as bad too). Bad entries change
+            nothing else.
+    """
+    n_lab = state.shape[0]
+    preds = preds.reshape(-1, n_lab)
+    target = target.reshape(-1, n_lab)
+    valid = _valid(target.shape, target.device, mask).reshape(target.shape)
+    keep = valid
+    if ignore_index is not None:
+        keep = keep & (target != ignore_index)
+    t = _f64(target)
+    p = _f64(preds)
+    ok = keep & ((t == 0) | (t == 1)) & torch.isfinite(p)
+    bad.add_((keep & ~ok).sum(dtype=torch.float64).reshape(1))
+    kind = input_kind if preds.is_floating_point() else INPUT_PROBS
+    prob = _to_probs(p, ok, kind, None)
+    pos = prob > threshold
+    tpos = t == 1
+    okf = ok.to(torch.float64)
+    s = torch.stack(
+        [
+            (okf * (pos & tpos)).sum(0),
+            (okf * (pos & ~tpos)).sum(0),
+            (okf * (~pos & ~tpos)).sum(0),
+            (okf * (~pos & tpos)).sum(0),
+        ],
+        dim=1,
+    )
+    state.add_(s)
+
+
+def score_histogram(
+    preds: torch.Tensor,
+    target: torch.Tensor,
+    mask: torch.Tensor | None,
+    ignore_index: int | None,
+    input_kind: int,
+    multiclass: bool,
+    hist: torch.Tensor,
+    bad: torch.Tensor,
+) -> None:
+    """Binned score histograms of positives and negatives (AUROC / AP).
+
+    Args:
+        preds: ``[N, L]`` floating scores (probabilities or logits).
+        target: ``[N, L]`` 0/1 labels, or ``[N]`` class indices when
+            ``multiclass`` (label c of a row is positive iff target == c).
+        mask: bool ``[N, L]`` (``[N]`` when multiclass) or ``None``.
+        ignore_index: entries (rows when multiclass) whose target equals it
+            are dropped.
+        input_kind: as in ``binary_stats``; for multiclass, logits get a
+            softmax over the row instead of a sigmoid.
+        multiclass: see above.
+        hist: float64 ``[2, L, B]``; ``hist[0, l, b]`` += positives of label l
+            whose probability falls in bin b, ``hist[1, l, b]`` += negatives.
+            Bin of p is ``clamp(floor(p * B), 0, B - 1)``.
+        bad: float64 ``[1]``; += valid entries (rows when multiclass) with a
+            target outside {0, 1} (outside [0, L) when multiclass) or a
+            NaN/Inf pred. Bad entries change nothing else.
+    """
+    n_lab, n_bins = hist.shape[1], hist.shape[2]
+    preds = preds.reshape(-1, n_lab)
+    n = preds.shape[0]
+    p = _f64(preds)
+    if multiclass:
+        target = target.reshape(-1).to(torch.int64)
+        valid = _valid((n,), target.device, mask).reshape(-1)
+        keep = valid if ignore_index is None else valid & (target != ignore_index)
+        ok = keep & (target >= 0) & (target < n_lab)
+        ok = ok & (torch.isfinite(p).all(1) if n else ok)
+        bad.add_((keep & ~ok).sum(dtype=torch.float64).reshape(1))
+        prob = _to_probs(p, ok[:, None].expand_as(p), input_kind, 1)
+        tgt = torch.where(ok, target, torch.zeros_like(target))
+        pos = torch.zeros(n, n_lab, dtype=torch.bool, device=p.device)
+        pos.scatter_(1, tgt[:, None], torch.ones(n, 1, dtype=torch.bool, device=p.device))
+        okm = ok[:, None].expand(n, n_lab)
+    else:
+        target = target.reshape(-1, n_lab)
+        valid = _valid(target.shape, target.device, mask).reshape(target.shape)
+        keep = valid if ignore_index is None else valid & (target != ignore_index)
+        t = _f64(target)
+        okm = keep & ((t == 0) | (t == 1)) & torch.isfinite(p)
+        bad.add_((keep & ~okm).sum(dtype=torch.float64).reshape(1))
+        prob = _to_probs(p, okm, input_kind, None)
+        pos = t == 1
+    b = torch.clamp(torch.floor(torch.nan_to_num(prob) * n_bins), 0, n_bins - 1).to(torch.int64)
+    lab = torch.arange(n_lab, device=p.device).expand(n, n_lab)
+    idx = (~pos).to(torch.int64) * (n_lab * n_bins) + lab * n_bins + b
+    hist.view(-1).index_add_(0, idx.reshape(-1), okm.reshape(-1).to(torch.float64))
+
+
+def running_extrema(
+    x: torch.Tensor,
+    mask: torch.Tensor | None,
+    skip_bad: bool,
+    state: torch.Tensor,
+    bad: torch.Tensor,
+) -> None:
+    """Running maximum and minimum.
+
+    Args:
+        x: ``[N]`` floating.
+        mask: ``[N]`` bool or ``None``.
+        skip_bad: if True, NaN values are left out; if False a NaN makes both
+            extrema NaN (``torch.maximum`` semantics). ±Inf are ordinary values
+            for max/min but are counted as bad.
+        state: float64 ``[2]`` = ``(max, -min)``; both start at ``-inf``; this
+            op sets ``state = maximum(state, (max x, -min x))``. The min is
+            stored negated so both reduce with one MAX all_reduce.
+        bad: float64 ``[1]``; += valid elements that are NaN or ±Inf.
+    """
+    x = _f64(x.reshape(-1))
+    valid = _valid(x.shape, x.device, mask).reshape(-1)
+    bad.add_((valid & ~torch.isfinite(x)).sum(dtype=torch.float64).reshape(1))
+    use = valid & ~torch.isnan(x) if skip_bad else valid
+    ninf = torch.full((), float("-inf"), dtype=torch.float64, device=x.device)
+    mx = torch.where(use, x, ninf).amax() if x.numel() else ninf
+    mn = torch.where(use, -x, ninf).amax() if x.numel() else ninf
+    state.copy_(torch.maximum(state, torch.stack([mx, mn])))
