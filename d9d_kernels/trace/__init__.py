@@ -1,0 +1,35 @@
+"""Offline analysis of PyTorch profiler (Kineto) traces and CUDA memory snapshots.
+
+Tools (one module each, all ``metric_cal(trace_dir, workload_card_path=None,
+profile_mode="auto") -> dict``): throughput, communication, memory, overlap,
+training_phases, fsdp, straggler, kernel, gpu_utilization. ``trace_dir`` is a
+workload directory, a directory of ``.json``/``.json.gz`` traces, one trace
+file, or a list of trace files (see :mod:`d9d_kernels.trace._load`).
+
+Output convention (:mod:`d9d_kernels.trace._result`): every number is a
+metric ``{"value": v, "unit": "us" | "ms" | "%" | "bytes" | "GB/s" | ...,
+"definition": "..."}``; a tool returns ``{"tool", "ranks": {"rank0": {...}},
+"summary": {...}, "notes": [...], "errors": {file: reason}}``.
+
+``profile_mode``: ``"auto"`` (GPU analysis when the trace has GPU events,
+CPU-only otherwise), ``"gpu"`` or ``"cpu"``.
+
+Example:
+    >>> from d9d_kernels.trace import overlap              # doctest: +SKIP
+    >>> overlap.metric_cal("outputs/profile_traces")       # doctest: +SKIP
+"""
+
+from d9d_kernels.trace._load import (  # noqa: F401
+    RankTrace,
+    TraceError,
+    Workload,
+    find_workload,
+    load_rank,
+    load_ranks,
+)
+from d9d_kernels.trace._result import metric, result  # noqa: F401
+
+TOOLS = (
+    "throughput", "communication", "memory", "overlap", "training_phases",
+    "fsdp", "straggler", "kernel", "gpu_utilization",
+)

@@ -1,0 +1,534 @@
+"""Workload discovery and Kineto trace parsing (shared by every trace tool).
+
+Stable interface (other tools and the CLI import these names):
+
+``find_workload(path) -> Workload``
+    ``path`` is a torchtitan output dir (``profile_traces/iteration_N/rank{R}_trace.json[.gz]``,
+    ``memory_snapshot/iteration_N/rank{R}_memory_snapshot.pickle``, ``workload_card.yaml``),
+    any directory holding ``.json`` / ``.json.gz`` traces (searched recursively), one trace
+    file, or a list of trace files. The latest ``iteration_N`` is used when several exist.
+    Rank of a file: ``distributedInfo.rank`` read from the file's head, else a
+    ``rank<R>`` / ``rank-<R>`` / ``rank_<R>`` in the file name, else its position in sorted order.
+
+``load_rank(path, rank=None) -> RankTrace``
+    Parses one trace into compact columnar numpy arrays (one row per complete ``"ph": "X"``
+    event). Raises :class:`TraceError` naming the file for unreadable / truncated / corrupt
+    JSON, a missing ``traceEvents`` list, events missing ``ts``/``dur``, or an empty trace.
+
+``load_ranks(workload, parallel=True, progress=None, errors=None) -> dict[int, RankTrace]``
+    Parses every rank, in a process pool when ``parallel`` (at most ``os.cpu_count()``
+    workers, ranks streamed back one at a time so only one raw JSON document per worker is
+    alive). With ``errors`` (a dict) a bad rank is recorded as ``errors[file] = reason`` and
+    skipped; without it the first :class:`TraceError` is raised. ``progress``: tqdm bar
+    (default: when stderr is a terminal).
+
+``load_card(path) -> dict | None``  reads ``workload_card.yaml`` (see :func:`load_card`).
+
+Event kinds (``RankTrace.kind``, int8): see the ``KIND_*`` constants. Timestamps are
+microseconds as float64, exactly as in the file (no rounding).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import re
+import sys
+import zlib
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable
+
+import numpy as np
+
+__all__ = [
+    "TraceError", "Workload", "RankTrace", "find_workload", "load_rank", "load_ranks",
+    "load_card", "KIND_NAMES",
+    "KIND_OTHER", "KIND_KERNEL", "KIND_MEMCPY", "KIND_MEMSET", "KIND_CPU_OP",
+    "KIND_USER_ANNOTATION", "KIND_GPU_USER_ANNOTATION", "KIND_PROFILER_STEP",
+    "KIND_RUNTIME", "COLLECTIVE_ARG_KEYS",
+]
+
+
+class TraceError(Exception):
+    """A trace or workload file that cannot be used; ``file`` and ``reason`` for messages."""
+
+    def __init__(self, file, reason: str):
+        self.file = str(file)
+        self.reason = reason
+        super().__init__(f"{self.file}: {reason}")
+
+    def __reduce__(self):  # picklable across the process pool
+        return (TraceError, (self.file, self.reason))
+
+
+# ----------------------------------------------------------------------------- kinds
+KIND_OTHER = 0
+KIND_KERNEL = 1              # cat "kernel" (GPU, has args.stream)
+KIND_MEMCPY = 2              # cat "gpu_memcpy"
+KIND_MEMSET = 3              # cat "gpu_memset"
+KIND_CPU_OP = 4              # cat "cpu_op" / "operator"
+KIND_USER_ANNOTATION = 5     # cat "user_annotation" (record_function ranges)
+KIND_GPU_USER_ANNOTATION = 6  # cat "gpu_user_annotation"
+KIND_PROFILER_STEP = 7       # "ProfilerStep#N" on the CPU side
+KIND_RUNTIME = 8             # cat "cuda_runtime" / "cuda_driver" / "hip_runtime"
+KIND_NAMES = {
+    KIND_OTHER: "other", KIND_KERNEL: "kernel", KIND_MEMCPY: "memcpy", KIND_MEMSET: "memset",
+    KIND_CPU_OP: "cpu_op", KIND_USER_ANNOTATION: "user_annotation",
+    KIND_GPU_USER_ANNOTATION: "gpu_user_annotation", KIND_PROFILER_STEP: "profiler_step",
+    KIND_RUNTIME: "runtime",
+}
+_CAT_KIND = {
+    "kernel": KIND_KERNEL, "gpu_memcpy": KIND_MEMCPY, "gpu_memset": KIND_MEMSET,
+    "cpu_op": KIND_CPU_OP, "operator": KIND_CPU_OP, "user_annotation": KIND_USER_ANNOTATION,
+    "gpu_user_annotation": KIND_GPU_USER_ANNOTATION, "cuda_runtime": KIND_RUNTIME,
+    "cuda_driver": KIND_RUNTIME, "hip_runtime": KIND_RUNTIME, "hip_driver": KIND_RUNTIME,
+}
+_STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
+# GPU communication kernels: NCCL/RCCL kernels (ncclKernel_*, ncclDevKernel_*, rccl*).
+COMM_KERNEL_RE = re.compile(r"^(nccl|rccl).*kernel", re.IGNORECASE)
+# args copied for collectives (record_param_comms CPU ops and NCCL kernels with args)
+COLLECTIVE_ARG_KEYS = (
+    "Collective name", "In msg nelems", "Out msg nelems", "Group size", "dtype",
+    "In split size", "Out split size", "Process Group Name", "Process Group Description",
+    "Process Group Ranks", "Global rank start", "Global rank stride", "Seq",
+)
+
+
+# ----------------------------------------------------------------------------- data
+@dataclass
+class RankTrace:
+    """One rank's trace as columns; row ``i`` is the i-th complete event in file order.
+
+    Columns (numpy, length ``n``): ``name_id``/``cat_id`` (int32 into ``names``/``cats``),
+    ``kind`` (int8, ``KIND_*``), ``ts``/``dur`` (float64 µs), ``pid``/``tid`` (int64; string
+    ids are mapped to negative ints), ``stream`` (int64, ``args.stream``, -1 if absent),
+    ``device`` (int64, ``args.device`` else -1), ``correlation`` (int64, -1 if absent),
+    ``external_id`` (int64, ``args["External id"]``, -1 if absent), ``is_comm`` (bool:
+    NCCL/RCCL kernel, or a ``record_param_comms`` CPU op).
+    ``comm_args``: row -> dict of :data:`COLLECTIVE_ARG_KEYS` present on that event.
+    ``steps``: ``(step_num, start_us, end_us)`` arrays of the CPU-side ProfilerStep#N spans.
+    """
+
+    path: str
+    rank: int
+    names: list
+    cats: list
+    name_id: np.ndarray
+    cat_id: np.ndarray
+    kind: np.ndarray
+    ts: np.ndarray
+    dur: np.ndarray
+    pid: np.ndarray
+    tid: np.ndarray
+    stream: np.ndarray
+    device: np.ndarray
+    correlation: np.ndarray
+    external_id: np.ndarray
+    is_comm: np.ndarray
+    comm_args: dict = field(default_factory=dict)
+    distributed_info: dict | None = None
+    device_properties: list | None = None
+    metadata: dict = field(default_factory=dict)
+
+    # -- convenience ---------------------------------------------------------
+    def __len__(self) -> int:
+        return int(self.ts.size)
+
+    @property
+    def end(self) -> np.ndarray:
+        return self.ts + self.dur
+
+    @property
+    def world_size(self) -> int | None:
+        di = self.distributed_info or {}
+        return di.get("world_size")
+
+    def name_array(self, rows=None) -> np.ndarray:
+        """Names as an object array (all rows, or the given rows/mask)."""
+        names = np.asarray(self.names, dtype=object)
+        ids = self.name_id if rows is None else self.name_id[rows]
+        return names[ids]
+
+    def name_mask(self, predicate) -> np.ndarray:
+        """Row mask of events whose name satisfies ``predicate(str)`` (evaluated once per name)."""
+        table = np.fromiter((bool(predicate(n)) for n in self.names), dtype=bool,
+                            count=len(self.names))
+        return table[self.name_id] if table.size else np.zeros(len(self), dtype=bool)
+
+    @property
+    def gpu_mask(self) -> np.ndarray:
+        """GPU work on a stream: kernels, memcpy, memset with ``args.stream >= 0``."""
+        return ((self.kind == KIND_KERNEL) | (self.kind == KIND_MEMCPY)
+                | (self.kind == KIND_MEMSET)) & (self.stream >= 0)
+
+    @property
+    def steps(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        rows = np.flatnonzero(self.kind == KIND_PROFILER_STEP)
+        nums = np.array([int(_STEP_RE.match(self.names[i]).group(1))
+                         for i in self.name_id[rows]], dtype=np.int64)
+        order = np.argsort(self.ts[rows], kind="stable")
+        rows = rows[order]
+        return nums[order], self.ts[rows], self.ts[rows] + self.dur[rows]
+
+    def hta_step_filter(self, include_last_profiler_step: bool = False) -> np.ndarray:
+        """Row mask of GPU work kept by HolisticTraceAnalysis's default step filter.
+
+        HTA (``Trace._filter_irrelevant_gpu_kernels``) keeps a GPU event (stream >= 0 and
+        correlation >= 0) only if a non-GPU event with the same correlation id starts
+        before the start of the last event whose name contains "ProfilerStep" (or, with
+        ``include_last_profiler_step``, before the end of the latest one). With fewer than
+        two distinct ProfilerStep names nothing is filtered (every GPU event is kept).
+        """
+        gpu = self.gpu_mask
+        step_name = self.name_mask(lambda n: "ProfilerStep" in n)
+        if len({self.name_id[i] for i in np.flatnonzero(step_name)}) < 2:
+            return gpu
+        gpu_k = gpu & (self.correlation >= 0)
+        cpu = ~gpu_k
+        steps = cpu & step_name
+        limit_ts = self.ts[steps].max()
+        if include_last_profiler_step:
+            limit = (self.ts[steps] + self.dur[steps]).max()
+            cpu_kept = cpu & (self.ts <= limit)
+        else:
+            cpu_kept = cpu & (self.ts < limit_ts)
+        corr = np.unique(self.correlation[cpu_kept])
+        return gpu_k & np.isin(self.correlation, corr)
+
+
+@dataclass
+class Workload:
+    """What :func:`find_workload` found. ``traces``/``memory_snapshots``: rank -> path."""
+
+    root: str
+    traces: dict = field(default_factory=dict)
+    memory_snapshots: dict = field(default_factory=dict)
+    card: dict | None = None
+    card_path: str | None = None
+    iteration: int | None = None
+    notes: list = field(default_factory=list)
+
+
+# ----------------------------------------------------------------------------- reading
+def _open_text(path: Path):
+    if str(path).endswith(".gz"):
+        return gzip.open(path, "rt", encoding="utf-8")
+    return open(path, "r", encoding="utf-8")
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        with _open_text(path) as fh:
+            text = fh.read()
+    except FileNotFoundError:
+        raise TraceError(path, "file not found") from None
+    except (OSError, EOFError, zlib.error, UnicodeDecodeError) as exc:
+        raise TraceError(path, f"cannot read (truncated or corrupt gzip?): {exc}") from None
+    if not text.strip():
+        raise TraceError(path, "empty file")
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        # Kineto writes a trailing comma when a trace is cut off; say truncated plainly
+        what = "truncated" if exc.pos >= len(text.rstrip()) - 1 else "corrupt"
+        raise TraceError(path, f"{what} JSON: {exc.msg} at line {exc.lineno} col {exc.colno}") from None
+    del text
+    if isinstance(doc, list):  # bare Chrome trace array
+        doc = {"traceEvents": doc}
+    if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
+        raise TraceError(path, "no 'traceEvents' list (not a Kineto/Chrome trace)")
+    return doc
+
+
+def _as_int(v, strings: dict) -> int:
+    if isinstance(v, int):
+        return v
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        return strings.setdefault(v, -2 - len(strings))
+
+
+def load_rank(path, rank: int | None = None) -> RankTrace:
+    """Parse one Kineto trace file (``.json`` / ``.json.gz``) into a :class:`RankTrace`."""
+    path = Path(path)
+    doc = _read_json(path)
+    events = doc.pop("traceEvents")
+    names: dict = {}
+    cats: dict = {}
+    str_ids: dict = {}
+    n_id, c_id, ts, dur, pid, tid = [], [], [], [], [], []
+    stream, device, corr, ext = [], [], [], []
+    comm_rows: dict = {}
+    bad = 0
+    row = 0
+    for ev in events:
+        if not isinstance(ev, dict) or ev.get("ph") != "X":
+            continue
+        try:
+            t = float(ev["ts"])
+            d = float(ev.get("dur", 0.0))
+        except (KeyError, TypeError, ValueError):
+            bad += 1
+            continue
+        name = ev.get("name", "")
+        if not isinstance(name, str):
+            name = str(name)
+        n_id.append(names.setdefault(name, len(names)))
+        c_id.append(cats.setdefault(ev.get("cat", ""), len(cats)))
+        ts.append(t)
+        dur.append(d)
+        p = ev.get("pid", -1)
+        pid.append(p if isinstance(p, int) else _as_int(p, str_ids))
+        q = ev.get("tid", -1)
+        tid.append(q if isinstance(q, int) else _as_int(q, str_ids))
+        a = ev.get("args")
+        if a:
+            stream.append(a.get("stream", -1))
+            device.append(a.get("device", -1))
+            corr.append(a.get("correlation", -1))
+            ext.append(a.get("External id", -1))
+            if "Collective name" in a or name == "record_param_comms":
+                comm_rows[row] = {k: a[k] for k in COLLECTIVE_ARG_KEYS if k in a}
+        else:
+            stream.append(-1)
+            device.append(-1)
+            corr.append(-1)
+            ext.append(-1)
+        row += 1
+    del events
+    if row == 0:
+        if bad:
+            raise TraceError(path, f"all {bad} complete events lack a numeric 'ts'")
+        raise TraceError(path, "empty trace: no complete ('ph': 'X') events")
+
+    def ints(col):
+        try:
+            return np.asarray(col, dtype=np.int64)
+        except (TypeError, ValueError):
+            return np.asarray([_as_int(v, str_ids) for v in col], dtype=np.int64)
+
+    name_list = list(names)
+    cat_list = list(cats)
+    name_id = np.asarray(n_id, dtype=np.int32)
+    cat_id = np.asarray(c_id, dtype=np.int32)
+    cat_kind = np.asarray([_CAT_KIND.get(str(c).lower(), KIND_OTHER) for c in cat_list],
+                          dtype=np.int8)
+    kind = cat_kind[cat_id]
+    is_step_name = np.asarray([bool(_STEP_RE.match(n)) for n in name_list], dtype=bool)
+    kind[is_step_name[name_id] & (kind != KIND_GPU_USER_ANNOTATION)
+         & (kind != KIND_KERNEL)] = KIND_PROFILER_STEP
+    comm_name = np.asarray([bool(COMM_KERNEL_RE.match(n)) for n in name_list], dtype=bool)
+    is_comm = (comm_name[name_id] & (kind == KIND_KERNEL))
+    rpc = names.get("record_param_comms")
+    if rpc is not None:
+        is_comm |= name_id == rpc
+    dist = doc.get("distributedInfo") or None
+    if rank is None:
+        rank = int(dist["rank"]) if dist and "rank" in dist else 0
+    meta = {k: v for k, v in doc.items() if k not in ("distributedInfo", "deviceProperties")}
+    if bad:
+        meta["_skipped_events"] = bad
+    return RankTrace(
+        path=str(path), rank=int(rank), names=name_list, cats=cat_list,
+        name_id=name_id, cat_id=cat_id, kind=kind,
+        ts=np.asarray(ts, dtype=np.float64), dur=np.asarray(dur, dtype=np.float64),
+        pid=ints(pid), tid=ints(tid), stream=ints(stream), device=ints(device),
+        correlation=ints(corr), external_id=ints(ext), is_comm=is_comm,
+        comm_args=comm_rows, distributed_info=dist,
+        device_properties=doc.get("deviceProperties") or None, metadata=meta,
+    )
+
+
+def _load_one(args):
+    path, rank = args
+    try:
+        return rank, load_rank(path, rank), None
+    except TraceError as exc:
+        return rank, None, exc
+    except MemoryError:
+        return rank, None, TraceError(path, "out of memory while parsing")
+
+
+def load_ranks(workload: Workload, parallel: bool = True, progress: bool | None = None,
+               errors: dict | None = None, max_workers: int | None = None) -> dict:
+    """Parse every rank of ``workload`` -> ``{rank: RankTrace}`` (sorted by rank)."""
+    items = sorted(workload.traces.items())
+    jobs = [(p, r) for r, p in items]
+    if progress is None:
+        progress = sys.stderr.isatty()
+    bar = None
+    if progress:
+        try:
+            from tqdm import tqdm
+            bar = tqdm(total=len(jobs), desc="parsing ranks", unit="rank", file=sys.stderr)
+        except ImportError:  # pragma: no cover
+            bar = None
+    out: dict = {}
+    workers = min(len(jobs), max_workers or os.cpu_count() or 1)
+    if parallel and workers > 1:
+        with ProcessPoolExecutor(max_workers=workers) as pool:
+            results: Iterable = pool.map(_load_one, jobs)
+            out_iter = results
+            for rank, rt, err in out_iter:
+                _collect(out, rank, rt, err, errors, bar)
+    else:
+        for job in jobs:
+            _collect(out, *_load_one(job), errors, bar)
+    if bar is not None:
+        bar.close()
+    return dict(sorted(out.items()))
+
+
+def _collect(out, rank, rt, err, errors, bar):
+    if bar is not None:
+        bar.update(1)
+    if err is not None:
+        if errors is None:
+            raise err
+        errors[err.file] = err.reason
+        return
+    out[rank] = rt
+
+
+# ----------------------------------------------------------------------------- discovery
+_TRACE_SUFFIXES = (".json", ".json.gz")
+_RANK_NAME_RE = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
+_DIST_RANK_RE = re.compile(r'"distributedInfo"\s*:\s*\{[^{}]*?"rank"\s*:\s*(\d+)', re.DOTALL)
+_ITER_RE = re.compile(r"iteration_(\d+)$")
+
+
+def _is_trace_file(p: Path) -> bool:
+    n = p.name
+    return p.is_file() and n.endswith(_TRACE_SUFFIXES)
+
+
+def _head_rank(path: Path, nbytes: int = 1 << 20) -> int | None:
+    """``distributedInfo.rank`` if it appears in the first MiB of the file."""
+    try:
+        with _open_text(path) as fh:
+            head = fh.read(nbytes)
+    except (OSError, EOFError, zlib.error, UnicodeDecodeError):
+        return None
+    m = _DIST_RANK_RE.search(head)
+    return int(m.group(1)) if m else None
+
+
+def _latest_iteration(d: Path) -> Path | None:
+    its = [(int(m.group(1)), p) for p in d.iterdir() if p.is_dir()
+           and (m := _ITER_RE.search(p.name))]
+    return max(its)[1] if its else None
+
+
+def load_card(path) -> dict:
+    """Read a workload card (YAML). Recognised keys (others are kept as-is):
+
+    ``batch_size`` (sequences per step on one rank; ``local_batch_size`` is an alias),
+    ``global_batch_size`` (sequences per step over all data-parallel ranks),
+    ``seq_len`` (alias ``sequence_length``), ``tokens_per_step`` (per rank; overrides
+    batch_size * seq_len), ``flops_per_token`` (alias ``model_flops_per_token``: training
+    FLOPs per token, e.g. 6 * params), ``flops_per_step`` (per rank), ``peak_flops``
+    (FLOP/s of one device; otherwise looked up from the trace's device name),
+    ``dp_size`` (data-parallel degree, to turn global into per-rank batch).
+    """
+    try:
+        import yaml
+    except ImportError:  # pragma: no cover
+        raise TraceError(path, "pyyaml is needed to read a workload card") from None
+    try:
+        with open(path, "r", encoding="utf-8") as fh:
+            card = yaml.safe_load(fh)
+    except FileNotFoundError:
+        raise TraceError(path, "workload card not found") from None
+    except (OSError, yaml.YAMLError) as exc:
+        raise TraceError(path, f"unreadable workload card: {exc}") from None
+    if card is None:
+        return {}
+    if not isinstance(card, dict):
+        raise TraceError(path, "workload card must be a YAML mapping")
+    return card
+
+
+def find_workload(path, workload_card_path=None) -> Workload:
+    """Discover trace files (by rank), memory snapshots (by rank) and the workload card."""
+    notes: list = []
+    if isinstance(path, (list, tuple)):
+        files = [Path(p) for p in path]
+        root = Path(os.path.commonpath([str(f.parent) for f in files])) if files else Path(".")
+        snap_dir = None
+    else:
+        root = Path(path)
+        if not root.exists():
+            raise TraceError(root, "no such file or directory")
+        snap_dir = None
+        if root.is_file():
+            files = [root]
+        else:
+            search = root
+            pt = root / "profile_traces"
+            if pt.is_dir():
+                it = _latest_iteration(pt)
+                search = it or pt
+                if it is not None:
+                    notes.append(f"using {it.relative_to(root)} (latest profiled iteration)")
+            elif _latest_iteration(root) is not None:
+                search = _latest_iteration(root)
+            files = sorted(p for p in search.rglob("*") if _is_trace_file(p))
+            ms = root / "memory_snapshot"
+            if ms.is_dir():
+                snap_dir = _latest_iteration(ms) or ms
+            else:
+                snap_dir = root
+    if not files:
+        raise TraceError(root, "no .json / .json.gz trace files found")
+    for f in files:
+        if not f.is_file():
+            raise TraceError(f, "file not found")
+    traces: dict = {}
+    unranked = []
+    for f in sorted(files):
+        r = _head_rank(f)
+        if r is None:
+            m = _RANK_NAME_RE.search(f.name)
+            r = int(m.group(1)) if m else None
+        if r is None:
+            unranked.append(f)
+            continue
+        if r in traces:
+            notes.append(f"rank {r}: {f} ignored, {traces[r]} already holds that rank")
+            continue
+        traces[r] = f
+    nxt = 0
+    for f in unranked:
+        while nxt in traces:
+            nxt += 1
+        traces[nxt] = f
+        notes.append(f"{f}: no rank in distributedInfo or file name, assigned rank {nxt}")
+    snaps: dict = {}
+    if snap_dir is not None and snap_dir.is_dir():
+        for p in sorted(snap_dir.rglob("*.pickle")):
+            m = _RANK_NAME_RE.search(p.name)
+            r = int(m.group(1)) if m else len(snaps)
+            snaps.setdefault(r, p)
+    card_path = None
+    if workload_card_path is not None:
+        card_path = Path(workload_card_path)
+    elif root.is_dir():
+        for cand in ("workload_card.yaml", "workload_card.yml"):
+            if (root / cand).is_file():
+                card_path = root / cand
+                break
+    card = load_card(card_path) if card_path is not None else None
+    it = None
+    for f in traces.values():
+        m = re.search(r"iteration_(\d+)", str(f))
+        if m:
+            it = int(m.group(1))
+            break
+    return Workload(root=str(root), traces=dict(sorted(traces.items())),
+                    memory_snapshots=dict(sorted(snaps.items())), card=card,
+                    card_path=str(card_path) if card_path else None, iteration=it,
+                    notes=notes)
