@@ -44,14 +44,17 @@ ALLOWED_GLOBALS: frozenset[tuple[str, str]] = frozenset(
     }
 )
 
-try:  # part 1's base error, when present: callers catch one type
-    from ._load import TraceError as _Base  # type: ignore[attr-defined]
-except Exception:  # pragma: no cover - _load not there yet / import error
-    _Base = ValueError
+from ._load import TraceError
 
 
-class SnapshotError(_Base):  # type: ignore[misc,valid-type]
-    """A memory snapshot file cannot be read (truncated, not a pickle, wrong shape)."""
+class SnapshotError(TraceError):
+    """A memory snapshot file cannot be read (truncated, not a pickle, wrong shape).
+
+    ``file`` and ``reason`` as :class:`TraceError`; ``str()`` is ``"<file>: <reason>"``.
+    """
+
+    def __reduce__(self):
+        return (type(self), (self.file, self.reason))
 
 
 class UnsafePickleError(SnapshotError):
@@ -67,15 +70,15 @@ class _SnapshotUnpickler(pickle.Unpickler):
         if (module, name) in ALLOWED_GLOBALS:
             return super().find_class(module, name)
         raise UnsafePickleError(
-            f"{self._source}: refused to unpickle global '{module}.{name}' — a CUDA memory "
+            self._source,
+            f"refused to unpickle global '{module}.{name}' — a CUDA memory "
             "snapshot holds only plain containers and scalars; this pickle would construct "
             "or call arbitrary objects (possibly running code), so it was not loaded"
         )
 
     def persistent_load(self, pid: Any) -> Any:
         raise UnsafePickleError(
-            f"{self._source}: refused persistent id in pickle (not a memory snapshot)"
-        )
+            self._source, "refused persistent id in pickle (not a memory snapshot)")
 
 
 def loads_snapshot(data: bytes, source: str = "<bytes>") -> Any:
@@ -92,13 +95,16 @@ def loads_snapshot(data: bytes, source: str = "<bytes>") -> Any:
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError,
             KeyError, AttributeError, MemoryError, RecursionError) as exc:
         raise SnapshotError(
-            f"{source}: not a readable memory-snapshot pickle ({type(exc).__name__}: {exc})"
+            source, f"not a readable memory-snapshot pickle ({type(exc).__name__}: {exc})"
         ) from None
 
 
 def load_snapshot(path: str | os.PathLike) -> Any:
     """Read a ``torch.cuda.memory._snapshot()`` pickle from ``path`` safely."""
     path = os.fspath(path)
-    with open(path, "rb") as fh:
-        data = fh.read()
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read()
+    except OSError as exc:
+        raise SnapshotError(path, f"cannot read: {exc.strerror or exc}") from None
     return loads_snapshot(data, source=path)
