@@ -5,5 +5,6 @@ extension (see ``d9d_kernels.ops.backends()``).
 """
 
 from d9d_kernels import _extension, ops, reference  # noqa: F401
+from d9d_kernels.distributed import DistributedContext  # noqa: F401
 
 __version__ = "0.1.0"

@@ -1,0 +1,459 @@
+"""DistributedContext: which ranks a metric reduces over, and how.
+
+A context names a set of ranks (a ``torch.distributed`` process group, a
+sub-mesh of a ``DeviceMesh``, or none at all) and offers the three things the
+metric layer needs from it:
+
+* ``all_reduce(tensor, op)`` -- ONE asynchronous in-place collective ("sum" or
+  "max") returning a handle whose ``wait()`` raises ``RuntimeError`` instead of
+  hanging when the collective does not finish within ``ctx.timeout``;
+* ``exchange(tag, value)`` / ``check_same(tag, fingerprint, what)`` -- a
+  host-side exchange of a small value through the c10d store, used once at a
+  group's first sync to compare schema fingerprints across ranks. It issues no
+  collective, so "one collective per reduction kind per sync" stays exact;
+* ``all_gather_into_tensor(output, input)`` -- one async gather (equal sizes),
+  used by ``d9d_kernels.functional.all_gather``.
+
+Example:
+    >>> import torch, d9d_kernels as dk
+    >>> ctx = dk.DistributedContext.local()
+    >>> t = torch.tensor([1.0, 2.0])
+    >>> ctx.all_reduce(t, "sum").wait()   # local: completed no-op handle
+    >>> t.tolist(), ctx.is_local, ctx.world_size, ctx.rank
+    ([1.0, 2.0], True, 1, 0)
+
+Notes for the metric layer (design decisions):
+
+* ``DistributedContext()`` resolves the world group lazily, at each use: a
+  context built before ``init_process_group`` becomes the world group once it
+  is initialised. ``is_local`` is True for ``local()``, an uninitialised
+  ``torch.distributed``, or a group of size 1 -- skip packing/launching then.
+* ``all_reduce`` is called outside compiled regions (``trigger_sync`` launches
+  it after the compiled snapshot), and must be called in the same order on
+  every rank of the group, like any collective. A min is reduced as the max of
+  its negation, so ops are only "sum" and "max".
+* Device routing: when the group's backend cannot handle the tensor's device
+  (NCCL-only group + CPU state), the collective runs on a gloo group over the
+  same ranks, created on first use and cached per group (creation is a
+  group-local rendezvous, so every rank must reach its first routed collective
+  -- true at a first sync). CUDA tensors under a CPU-only backend are staged
+  through host memory (copied back in ``wait()``). Decision: ``_route()``.
+* ``exchange`` keys are ``d9d_kernels/exchange/<group name>/<seq>/<tag>/<global
+  rank>`` in the default store: the group name is the same on every member
+  and unique per group; ``seq`` counts exchanges per group in this process, so
+  every rank of a group must call ``exchange`` in the same order (like a
+  collective). A rank that never arrives makes the others raise
+  ``RuntimeError`` naming the missing ranks after ``timeout`` -- no hang. Each
+  rank deletes its previous key once it has read every rank's next key.
+* ``check_same`` raises ``ValueError`` on every rank (all ranks see all
+  fingerprints), naming the ranks (global ids) of each distinct fingerprint and
+  where the first two differ. Call it once per (context, group) before the
+  first collective -- ``ctx.cache_key`` identifies the ranks for such caches.
+"""
+
+from __future__ import annotations
+
+import datetime
+import itertools
+from typing import Iterable, Sequence, Union
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["DistributedContext", "CollectiveHandle"]
+
+DEFAULT_TIMEOUT = datetime.timedelta(seconds=60)
+DEFAULT_MESH_DIMS = ("dp_replicate", "dp_shard")
+_OPS = ("sum", "max")
+_STORE_PREFIX = "d9d_kernels/exchange/"
+
+# group name -> exchange sequence number / last key written by this rank
+_exchange_seq: dict[str, itertools.count] = {}
+_exchange_last_key: dict[str, str] = {}
+# group name -> gloo process group over the same ranks (for device routing)
+_gloo_groups: dict[str, "dist.ProcessGroup"] = {}
+# sorted rank tuple -> group built by from_mesh's fallback path
+_mesh_groups: dict[tuple[int, ...], "dist.ProcessGroup"] = {}
+
+
+def _as_timedelta(timeout) -> datetime.timedelta:
+    if timeout is None:
+        return DEFAULT_TIMEOUT
+    if isinstance(timeout, datetime.timedelta):
+        out = timeout
+    elif isinstance(timeout, (int, float)):
+        out = datetime.timedelta(seconds=float(timeout))
+    else:
+        raise TypeError(f"DistributedContext: timeout must be a datetime.timedelta or seconds, got {type(timeout).__name__}")
+    if out.total_seconds() <= 0:
+        raise ValueError(f"DistributedContext: timeout must be positive, got {out}")
+    return out
+
+
+def _backend_config(group) -> str:
+    """The group's device->backend map as c10d prints it, e.g. "cpu:gloo,cuda:nccl"."""
+    try:
+        return str(dist.get_backend_config(group))
+    except Exception:  # older torch / custom groups: a bare backend name
+        return str(dist.get_backend(group))
+
+
+def _parse_backend_config(config: str) -> dict[str, str]:
+    """"cpu:gloo,cuda:nccl" -> {"cpu": "gloo", "cuda": "nccl"}; "nccl" -> by capability."""
+    out: dict[str, str] = {}
+    config = config.strip().lower()
+    if ":" not in config:
+        for device in dist.Backend.backend_capability.get(config, ()):
+            out[device] = config
+        return out
+    for item in config.split(","):
+        device, _, backend = item.partition(":")
+        out[device.strip()] = backend.strip()
+    return out
+
+
+def _route(config: str, device_type: str) -> str:
+    """How a tensor on ``device_type`` goes through a group with backend ``config``.
+
+    Returns "direct" (the group's backend handles the device), "gloo" (a CPU
+    tensor under a group without a CPU backend, e.g. NCCL-only: use a gloo group
+    over the same ranks) or "stage" (a device tensor under a group without
+    that device's backend: copy to CPU, reduce, copy back).
+    """
+    backends = _parse_backend_config(config)
+    if device_type in backends:
+        return "direct"
+    if device_type == "cpu":
+        return "gloo"
+    return "stage" if "cpu" in backends else "gloo_stage"
+
+
+class CollectiveHandle:
+    """Handle of an asynchronous collective launched by a DistributedContext.
+
+    ``wait()`` blocks until the collective has finished (at most the context's
+    timeout) and raises ``RuntimeError`` naming the operation and the timeout
+    otherwise. Waiting twice is a no-op.
+    """
+
+    def __init__(self, work=None, *, what: str = "", timeout: datetime.timedelta = DEFAULT_TIMEOUT, finish=None):
+        self._work = work
+        self._what = what
+        self._timeout = timeout
+        self._finish = finish
+        self._done = work is None and finish is None
+
+    def is_completed(self) -> bool:
+        """True when ``wait()`` would not block."""
+        return self._done or self._work is None or bool(self._work.is_completed())
+
+    def wait(self) -> None:
+        if self._done:
+            return
+        if self._work is not None:
+            secs = self._timeout.total_seconds()
+            try:
+                ok = self._work.wait(timeout=self._timeout)
+            except Exception as e:  # gloo raises "Operation timed out!", NCCL a DistBackendError
+                raise RuntimeError(
+                    f"d9d_kernels: {self._what} did not complete within the timeout of {secs:g} s "
+                    f"(a rank did not join, or ranks issued different collectives): {type(e).__name__}: {e}"
+                ) from e
+            if ok is False:
+                raise RuntimeError(f"d9d_kernels: {self._what} did not complete within the timeout of {secs:g} s")
+        if self._finish is not None:
+            self._finish()
+        self._done = True
+
+
+_COMPLETED = CollectiveHandle()
+
+
+class DistributedContext:
+    """The set of ranks a metric reduces over.
+
+    Args:
+        group: a ``torch.distributed`` ProcessGroup. ``None`` means the default
+            (world) group when ``torch.distributed`` is initialised -- resolved
+            at each use, so a context built before ``init_process_group`` works
+            -- and no communication otherwise.
+        timeout: how long ``wait()`` and ``exchange()`` wait for the other
+            ranks before raising (``datetime.timedelta`` or seconds; default 60 s).
+
+    Build one with ``DistributedContext()``, ``DistributedContext(group=pg)``,
+    ``DistributedContext.from_mesh(mesh, dims=(...))`` or
+    ``DistributedContext.local()``.
+
+    Example:
+        >>> import d9d_kernels as dk
+        >>> dk.DistributedContext.local().is_local
+        True
+    """
+
+    def __init__(self, group=None, *, timeout=None):
+        if group is not None and group == dist.GroupMember.NON_GROUP_MEMBER:
+            raise ValueError("DistributedContext: this rank is not a member of the given process group")
+        self._group = group
+        self._local = False
+        self._timeout = _as_timedelta(timeout)
+
+    # ------------------------------------------------------------ builders
+    @classmethod
+    def local(cls) -> "DistributedContext":
+        """A context that never communicates (every rank reduces only its own data)."""
+        ctx = cls()
+        ctx._local = True
+        return ctx
+
+    @classmethod
+    def from_mesh(cls, mesh, dims: Union[str, Sequence[str]] = DEFAULT_MESH_DIMS, *, timeout=None) -> "DistributedContext":
+        """Reduce over the sub-mesh of the named ``dims`` of a DeviceMesh only.
+
+        Ranks that differ only along other dims (e.g. "tp", "pp", "cp") are
+        treated as holding replicas and are not reduced over. Several dims are
+        flattened into one group (in the mesh's dim order). With the default
+        ``dims=("dp_replicate", "dp_shard")`` dims missing from the mesh are
+        skipped (torchtitan-style meshes omit size-1 dims); explicitly named
+        dims must exist. Every rank of the mesh must call this (it may create
+        process groups).
+        """
+        names = tuple(mesh.mesh_dim_names or ())
+        if not names:
+            raise ValueError("DistributedContext.from_mesh: the mesh has no mesh_dim_names; name its dims")
+        dims = (dims,) if isinstance(dims, str) else tuple(dims)
+        if not dims:
+            raise ValueError("DistributedContext.from_mesh: dims is empty; use DistributedContext.local() for no reduction")
+        missing = [d for d in dims if d not in names]
+        if missing:
+            if dims == DEFAULT_MESH_DIMS and len(missing) < len(dims):
+                dims = tuple(d for d in dims if d in names)
+            else:
+                raise ValueError(f"DistributedContext.from_mesh: dims {missing} not in the mesh dims {list(names)}")
+        dims = tuple(sorted(set(dims), key=names.index))
+        if len(dims) == 1:
+            group = mesh.get_group(dims[0])
+        else:
+            group = _flattened_group(mesh, dims)
+        return cls(group=group, timeout=timeout)
+
+    # ------------------------------------------------------------ properties
+    @property
+    def group(self):
+        """The ProcessGroup reduced over, or None for a local context."""
+        if self._local:
+            return None
+        if self._group is not None:
+            return self._group
+        if dist.is_available() and dist.is_initialized():
+            return dist.group.WORLD
+        return None
+
+    @property
+    def is_local(self) -> bool:
+        """True when no communication is needed (local(), no torch.distributed, or a group of one)."""
+        g = self.group
+        return g is None or dist.get_world_size(g) == 1
+
+    @property
+    def world_size(self) -> int:
+        g = self.group
+        return 1 if g is None else dist.get_world_size(g)
+
+    @property
+    def rank(self) -> int:
+        """This rank's index within the group (0 for a local context)."""
+        g = self.group
+        return 0 if g is None else dist.get_rank(g)
+
+    @property
+    def ranks(self) -> list[int]:
+        """Global ranks of the group, in group-rank order ([0] style for local: [own global rank])."""
+        g = self.group
+        if g is None:
+            return [dist.get_rank() if dist.is_available() and dist.is_initialized() else 0]
+        return list(dist.get_process_group_ranks(g))
+
+    @property
+    def timeout(self) -> datetime.timedelta:
+        return self._timeout
+
+    @property
+    def cache_key(self) -> tuple:
+        """Hashable identity of the ranks reduced over (equal for contexts over the same group)."""
+        g = self.group
+        if g is None or self.is_local:
+            return ("local",)
+        return ("group", g.group_name)
+
+    def __repr__(self) -> str:
+        if self.is_local:
+            return "DistributedContext(local)"
+        return f"DistributedContext(group={self.group.group_name!r}, ranks={self.ranks}, timeout={self._timeout.total_seconds():g}s)"
+
+    # ------------------------------------------------------------ collectives
+    def all_reduce(self, tensor: torch.Tensor, op: str) -> CollectiveHandle:
+        """Launch ONE asynchronous in-place all-reduce of ``tensor`` ("sum" or "max").
+
+        Returns a handle; after ``handle.wait()`` the tensor holds the reduced
+        value. Local contexts return a completed handle and leave the tensor.
+        """
+        if op not in _OPS:
+            raise ValueError(f"DistributedContext.all_reduce: op must be one of {_OPS}, got {op!r}")
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"DistributedContext.all_reduce: expected a tensor, got {type(tensor).__name__}")
+        if self.is_local:
+            return _COMPLETED
+        red = dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX
+        what = f"all_reduce({op}) of {tuple(tensor.shape)} {tensor.dtype} over ranks {self.ranks}"
+        group, buf, finish = self._routed(tensor)
+        work = dist.all_reduce(buf, op=red, group=group, async_op=True)
+        return CollectiveHandle(work, what=what, timeout=self._timeout, finish=finish)
+
+    def all_gather_into_tensor(self, output: torch.Tensor, input: torch.Tensor) -> CollectiveHandle:
+        """Launch ONE asynchronous gather: ``output`` (``world_size * input.numel()``
+        elements, same dtype/device) receives every rank's ``input`` in rank order."""
+        if output.numel() != self.world_size * input.numel():
+            raise ValueError(
+                f"DistributedContext.all_gather_into_tensor: output has {output.numel()} elements, "
+                f"expected world_size * input.numel() = {self.world_size * input.numel()}"
+            )
+        if self.is_local:
+            output.view(-1).copy_(input.reshape(-1))
+            return _COMPLETED
+        what = f"all_gather of {input.numel()} x {input.dtype} over ranks {self.ranks}"
+        group, out_buf, finish = self._routed(output)
+        in_buf = input if input.device == out_buf.device else input.to(out_buf.device)
+        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        work = gather(out_buf.view(-1), in_buf.reshape(-1), group=group, async_op=True)
+        return CollectiveHandle(work, what=what, timeout=self._timeout, finish=finish)
+
+    def _routed(self, tensor: torch.Tensor):
+        """(group, buffer to communicate, finish callback) for ``tensor`` on this group."""
+        group = self.group
+        route = _route(_backend_config(group), tensor.device.type)
+        if route == "direct":
+            return group, tensor, None
+        if route == "gloo":
+            return self._gloo_group(), tensor, None
+        # stage a device tensor through host memory (the copy syncs the stream)
+        staged = tensor.detach().to("cpu")
+        g = group if route == "stage" else self._gloo_group()
+        return g, staged, lambda: tensor.copy_(staged)
+
+    def _gloo_group(self):
+        group = self.group
+        name = group.group_name
+        g = _gloo_groups.get(name)
+        if g is None:
+            g = dist.new_group(
+                ranks=list(dist.get_process_group_ranks(group)),
+                backend="gloo",
+                timeout=self._timeout,
+                use_local_synchronization=True,
+            )
+            _gloo_groups[name] = g
+        return g
+
+    # ------------------------------------------------------------ host-side exchange
+    def exchange(self, tag: str, value: Union[bytes, str]) -> list:
+        """Exchange a small value with every rank of the group, without a collective.
+
+        Returns the values of all ranks in group-rank order, as ``str`` if
+        ``value`` is a ``str`` else as ``bytes``. Uses the c10d store; every
+        rank of the group must call it (same order of calls on every rank).
+        Raises RuntimeError naming the ranks that did not arrive within
+        ``timeout``.
+        """
+        as_str = isinstance(value, str)
+        if not isinstance(value, (bytes, str)):
+            raise TypeError(f"DistributedContext.exchange: value must be bytes or str, got {type(value).__name__}")
+        if "/" in tag:
+            tag = tag.replace("/", "|")
+        if self.is_local:
+            return [value]
+        group = self.group
+        name = group.group_name
+        seq = next(_exchange_seq.setdefault(name, itertools.count()))
+        store = dist.PrefixStore(f"{_STORE_PREFIX}{name}/", dist.distributed_c10d._get_default_store())
+        ranks = self.ranks
+        me = dist.get_rank()
+        keys = [f"{seq}/{tag}/{r}" for r in ranks]
+        store.set(f"{seq}/{tag}/{me}", value.encode() if as_str else bytes(value))
+        try:
+            store.wait(keys, self._timeout)
+        except Exception as e:
+            missing = [r for r, k in zip(ranks, keys) if not _store_has(store, k)]
+            raise RuntimeError(
+                f"d9d_kernels: exchange {tag!r} over ranks {ranks}: ranks {missing or '?'} did not arrive within "
+                f"the timeout of {self._timeout.total_seconds():g} s (did every rank reach the same sync?)"
+            ) from e
+        values = [bytes(v) for v in _store_get_all(store, keys)]
+        prev = _exchange_last_key.get(name)
+        _exchange_last_key[name] = f"{seq}/{tag}/{me}"
+        if prev is not None:  # every rank has arrived here, so all have read `prev`
+            try:
+                store.delete_key(prev)
+            except Exception:
+                pass
+        return [v.decode() for v in values] if as_str else values
+
+    def check_same(self, tag: str, fingerprint: str, what: str) -> None:
+        """Raise ValueError on every rank if ``fingerprint`` differs between ranks.
+
+        ``what`` names the thing compared in the message (e.g. "MetricGroup schema").
+        """
+        values = self.exchange(tag, fingerprint)
+        if all(v == values[0] for v in values):
+            return
+        ranks = self.ranks
+        by_value: dict[str, list[int]] = {}
+        for r, v in zip(ranks, values):
+            by_value.setdefault(v, []).append(r)
+        groups = list(by_value.items())
+        a, b = groups[0][0], groups[1][0]
+        i = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        lo = max(0, i - 40)
+        detail = "; ".join(f"ranks {rs}: {_clip(v)}" for v, rs in groups)
+        raise ValueError(
+            f"d9d_kernels: {what} differs across ranks ({len(groups)} variants; ranks are global ranks). "
+            f"First difference at character {i}: ranks {groups[0][1]} have ...{a[lo:i + 40]!r}..., "
+            f"ranks {groups[1][1]} have ...{b[lo:i + 40]!r}.... All: {detail}"
+        )
+
+
+def _clip(s: str, n: int = 160) -> str:
+    return repr(s) if len(s) <= n else repr(s[:n]) + f"... ({len(s)} chars)"
+
+
+def _store_has(store, key: str) -> bool:
+    try:
+        return bool(store.check([key]))
+    except Exception:
+        return False
+
+
+def _store_get_all(store, keys: list[str]) -> Iterable[bytes]:
+    try:
+        return store.multi_get(keys)
+    except Exception:
+        return [store.get(k) for k in keys]
+
+
+def _flattened_group(mesh, dims: tuple[str, ...]):
+    """ProcessGroup of the sub-mesh spanned by ``dims`` (those containing this rank)."""
+    try:
+        return mesh[dims]._flatten().get_group()
+    except Exception:  # private API moved: build the group from the mesh layout
+        pass
+    names = tuple(mesh.mesh_dim_names)
+    idx = [names.index(d) for d in dims]
+    rest = [i for i in range(len(names)) if i not in idx]
+    layout = mesh.mesh.permute(*rest, *idx).reshape(-1, int(torch.tensor([mesh.mesh.shape[i] for i in idx]).prod()))
+    me = dist.get_rank()
+    row = next(r for r in layout.tolist() if me in r)
+    key = tuple(sorted(row))
+    g = _mesh_groups.get(key)
+    if g is None:
+        g = dist.new_group(ranks=list(row), use_local_synchronization=True)
+        _mesh_groups[key] = g
+    return g
