@@ -1,0 +1,209 @@
+"""Helpers shared by the part-1 trace tools: cached workload loading, GPU event
+selection under a step filter, kernel classification, device peak FLOP/s.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+import numpy as np
+
+from d9d_kernels.trace._load import (
+    KIND_KERNEL,
+    KIND_MEMCPY,
+    KIND_MEMSET,
+    RankTrace,
+    TraceError,
+    Workload,
+    find_workload,
+    load_card,
+    load_ranks,
+)
+
+# ----------------------------------------------------------------------------- loading
+_CACHE: dict = {}
+
+
+def _key(trace_dir, card):
+    paths = [trace_dir] if not isinstance(trace_dir, (list, tuple)) else list(trace_dir)
+    out = []
+    for p in paths:
+        try:
+            out.append((str(p), os.stat(p).st_mtime_ns))
+        except OSError:
+            out.append((str(p), None))
+    return tuple(out), str(card)
+
+
+def open_workload(trace_dir, workload_card_path=None, parallel: bool = True):
+    """``(workload, {rank: RankTrace}, errors)``; errors maps file -> reason.
+
+    The last parsed workload is cached (keyed by path + mtime) so that running
+    several tools on one directory parses it once.
+    """
+    if isinstance(trace_dir, Workload):
+        wl = trace_dir
+        key = None
+    else:
+        key = _key(trace_dir, workload_card_path)
+        if key in _CACHE:
+            return _CACHE[key]
+        wl = find_workload(trace_dir, workload_card_path)
+    errors: dict = {}
+    ranks = load_ranks(wl, parallel=parallel and len(wl.traces) > 1, errors=errors)
+    if not ranks:
+        first = next(iter(errors.items()), (wl.root, "no readable trace"))
+        raise TraceError(*first)
+    out = (wl, ranks, errors)
+    if key is not None:
+        _CACHE.clear()
+        _CACHE[key] = out
+    return out
+
+
+def card_of(wl: Workload, workload_card_path=None) -> dict:
+    if workload_card_path is not None and wl.card_path != str(workload_card_path):
+        return load_card(workload_card_path)
+    return wl.card or {}
+
+
+def rank_key(r: int) -> str:
+    return f"rank{r}"
+
+
+def resolve_mode(rt: RankTrace, profile_mode: str) -> str:
+    if profile_mode not in ("auto", "gpu", "cpu"):
+        raise ValueError(f"profile_mode must be 'auto', 'gpu' or 'cpu', got {profile_mode!r}")
+    if profile_mode != "auto":
+        return profile_mode
+    return "gpu" if rt.gpu_mask.any() else "cpu"
+
+
+def gpu_rows(rt: RankTrace, step_filter: str = "hta") -> np.ndarray:
+    """Row mask of GPU work (kernels, memcpy, memset on a stream) under ``step_filter``.
+
+    ``"hta"``: HolisticTraceAnalysis's default (drop GPU work not launched before the
+    last ProfilerStep; see :meth:`RankTrace.hta_step_filter`). ``"all"``: every GPU event.
+    """
+    if step_filter == "hta":
+        return rt.hta_step_filter(include_last_profiler_step=False)
+    if step_filter == "all":
+        return rt.gpu_mask
+    raise ValueError(f"step_filter must be 'hta' or 'all', got {step_filter!r}")
+
+
+def gpu_intervals(rt: RankTrace, rows: np.ndarray, rounding: str = "hta"):
+    """``(start, end)`` float64 µs arrays of ``rows``.
+
+    ``rounding="hta"``: as HolisticTraceAnalysis does for traces with sub-µs timestamps,
+    start is rounded up and end down to whole µs (an event shorter than that gets a
+    zero or negative length and counts as nothing). ``"exact"``: the file's values.
+    """
+    s = rt.ts[rows]
+    e = s + rt.dur[rows]
+    if rounding == "hta":
+        if np.any(rt.ts != np.floor(rt.ts)):
+            s = np.ceil(s)
+            e = np.floor(e)
+    elif rounding != "exact":
+        raise ValueError(f"rounding must be 'hta' or 'exact', got {rounding!r}")
+    return s, e
+
+
+ROUNDING_NOTE = ("rounding 'hta': with sub-microsecond timestamps, event starts are rounded up and ends "
+                 "down to whole microseconds, as HolisticTraceAnalysis does; pass rounding='exact' to "
+                 "use the file's values")
+
+STEP_FILTER_NOTE = ("GPU events: kernels, memcpy and memset with a stream; step filter 'hta': GPU work "
+                    "launched from the last ProfilerStep (and work with no launching CPU event) is "
+                    "dropped, as HolisticTraceAnalysis does by default; no filter with < 2 steps")
+
+# ----------------------------------------------------------------------------- classes
+# HolisticTraceAnalysis's 3-way kernel typing (hta/utils/utils.py), reproduced for comparison.
+_HTA_COMM = re.compile(r"^nccl.*Kernel")
+_HTA_MEM = re.compile(r"(^Memcpy)|(^Memset)|(^dma)")
+_HTA_NOT_COMP = re.compile(r"(^nccl.*Kernel)|(.*(Memcpy)|(Memset))|(.*Sync)")
+
+
+def hta_type(name: str) -> str:
+    if _HTA_COMM.match(name):
+        return "COMMUNICATION"
+    if _HTA_MEM.match(name):
+        return "MEMORY"
+    if not _HTA_NOT_COMP.match(name):
+        return "COMPUTATION"
+    return "OTHER"
+
+
+# Our 6 classes. Rules are applied in this order; the first match wins.
+KERNEL_CLASSES = ("communication", "memory", "attention", "gemm", "reduction", "elementwise", "other")
+_RULES = [
+    ("communication", re.compile(r"^(nccl|rccl)|nccl.*kernel|allreduce|all_reduce|allgather|"
+                                 r"reducescatter|reduce_scatter|alltoall|sendrecv|cross_device_reduce",
+                                 re.I)),
+    ("memory", re.compile(r"^(memcpy|memset|dma)|memcpy|memset", re.I)),
+    ("attention", re.compile(r"flash|fmha|attention|attn|sdpa|_mha|mha_|xformers", re.I)),
+    ("gemm", re.compile(r"gemm|matmul|cublas|cutlass|xmma|wgmma|nvjet|triton_tem|_mm_|bmm|"
+                        r"conv|winograd|implicit_convolve|dgrad|wgrad|fprop|s884|s1688|h884|h1688|"
+                        r"i8816|sm80_|sm90_|Cijk_", re.I)),
+    ("reduction", re.compile(r"reduce|reduction|norm|softmax|welford|triton_red|triton_per|"
+                             r"cross_entropy|nll_loss|argmax|argmin|topk|cumsum|scan|_sum|sum_|"
+                             r"mean|\bbn_|cub::", re.I)),
+    ("elementwise", re.compile(r"elementwise|vectorized|unrolled|pointwise|triton_poi|copy|fill|"
+                               r"cat_|index|gather|scatter|gelu|relu|silu|swiglu|sigmoid|tanh|"
+                               r"dropout|add|mul|div|where|clamp|foreach|adam|sgd|rope|rotary|"
+                               r"cast|convert|transpose|embedding|masked|exp|pow|sqrt|neg", re.I)),
+]
+KERNEL_RULES_DOC = (
+    "first matching rule wins: communication = NCCL/RCCL kernel or collective name; "
+    "memory = memcpy/memset/dma (and every gpu_memcpy/gpu_memset event); attention = "
+    "flash/fmha/attention/attn/sdpa/mha/xformers; gemm = gemm/matmul/cublas/cutlass/xmma/"
+    "wgmma/nvjet/triton_tem/bmm/convolution (cuDNN conv, winograd, dgrad/wgrad/fprop) and "
+    "tensor-core tile names (s1688, h884, sm80_, sm90_, Cijk_ for ROCm); reduction = "
+    "reduce/norm/softmax/welford/triton_red/triton_per/cross_entropy/argmax/topk/cumsum/cub; "
+    "elementwise = elementwise/vectorized/unrolled/triton_poi/copy/fill/index/gather/"
+    "activations/optimizer foreach; anything else = other")
+
+
+def kernel_class(name: str, kind: int = KIND_KERNEL) -> str:
+    if kind in (KIND_MEMCPY, KIND_MEMSET):
+        return "memory"
+    for cls, rx in _RULES:
+        if rx.search(name):
+            return cls
+    return "other"
+
+
+def classify_rows(rt: RankTrace, rows: np.ndarray, fn) -> np.ndarray:
+    """Apply ``fn(name, kind)`` once per distinct (name, kind) among ``rows``; object array."""
+    keys = rt.name_id[rows].astype(np.int64) * 16 + rt.kind[rows]
+    uniq, inv = np.unique(keys, return_inverse=True)
+    labels = np.asarray([fn(rt.names[int(k) // 16], int(k) % 16) for k in uniq], dtype=object)
+    return labels[inv] if uniq.size else np.empty(0, dtype=object)
+
+
+# ----------------------------------------------------------------------------- devices
+# Dense BF16/FP16 tensor-core peak of one device (FLOP/s), vendor data sheets.
+PEAK_FLOPS = [
+    (re.compile(r"H200", re.I), 989e12),
+    (re.compile(r"H100.*PCIe", re.I), 756e12),
+    (re.compile(r"H100|H800|GH200", re.I), 989e12),
+    (re.compile(r"B200", re.I), 2250e12),
+    (re.compile(r"A100|A800", re.I), 312e12),
+    (re.compile(r"L40S", re.I), 362e12),
+    (re.compile(r"A10G|A10\b", re.I), 125e12),
+    (re.compile(r"V100", re.I), 125e12),
+    (re.compile(r"MI300X|MI325", re.I), 1307e12),
+    (re.compile(r"MI250X|MI250", re.I), 191.5e12),  # per GCD (one visible device)
+]
+
+
+def device_peak_flops(rt: RankTrace) -> tuple[float | None, str | None]:
+    for props in rt.device_properties or []:
+        name = str(props.get("name", ""))
+        for rx, peak in PEAK_FLOPS:
+            if rx.search(name):
+                return peak, name
+        return None, name
+    return None, None
