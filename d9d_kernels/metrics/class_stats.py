@@ -1,0 +1,145 @@
+"""ClassStatistic: multiclass sufficient statistics over ``ops.class_stats``.
+
+One kernel call per update gives, for every requested top-k, per-class
+``tp / predicted / target`` counts (O(C) memory), the valid-row count and
+the summed target NLL; the ``[C, C]`` confusion matrix only when a member
+asks for it (MatthewsCorrCoef, CohenKappa, ConfusionMatrix). In a group all
+multiclass members on the same inputs, ``num_classes`` and ``ignore_index``
+merge into one statistic: the union of their top-k's, confusion matrix if
+any wants it, NLL if any wants it (Perplexity).
+"""
+
+from __future__ import annotations
+
+from typing import Hashable
+
+import torch
+
+from d9d_kernels import ops
+from d9d_kernels.ops._common import as_index
+from d9d_kernels.metrics.statistic import SUM, Slot, Statistic
+
+__all__ = ["ClassStatistic", "nonfinite_rows"]
+
+
+def nonfinite_rows(preds: torch.Tensor, keep: torch.Tensor | None, row_dims: int) -> torch.Tensor:
+    """Float64 ``[1]``: rows (the leading ``row_dims`` dims) with a NaN/Inf score that ``keep`` keeps."""
+    bad = ~torch.isfinite(preds)
+    if bad.dim() > row_dims:
+        bad = bad.flatten(row_dims).any(-1)
+    if keep is not None:
+        bad = bad & keep
+    return bad.sum(dtype=torch.float64).reshape(1)
+
+
+class ClassStatistic(Statistic):
+    """Per-class counts of one ``class_stats`` kernel call.
+
+    Args:
+        num_classes: C.
+        ignore_index: target value whose rows are dropped, or None.
+        top_ks: the k's this statistic provides (distinct, ``1 <= k <= C``).
+        confmat: also keep the ``[C, C]`` confusion matrix.
+        nll: also sum ``logsumexp(s) - s[target]`` (needs score preds).
+        count_nonfinite: also count rows with NaN/Inf scores separately
+            (``nan_strategy`` "ignore" / "propagate" need to tell them from
+            out-of-range targets, which ``bad`` lumps together).
+        inputs: update keyword names (preds, target, mask).
+
+    Slots: ``stats`` [K, 3, C] (tp, predicted, target per k), ``extras`` [2]
+    (valid rows, NLL sum), ``bad`` [1], and optionally ``confmat`` [C, C],
+    ``nonfinite`` [1]; all SUM.
+    """
+
+    def __init__(
+        self,
+        num_classes: int,
+        ignore_index: int | None = None,
+        top_ks: tuple[int, ...] = (1,),
+        confmat: bool = False,
+        nll: bool = False,
+        count_nonfinite: bool = False,
+        inputs: tuple[str, ...] = ("preds", "target", "mask"),
+    ):
+        self.num_classes = int(num_classes)
+        self.ignore_index = ignore_index
+        self.top_ks = tuple(sorted(set(int(k) for k in top_ks)))
+        self.confmat = bool(confmat)
+        self.nll = bool(nll)
+        self.count_nonfinite = bool(count_nonfinite)
+        self.inputs = tuple(inputs)
+
+    def __repr__(self) -> str:
+        return (
+            f"ClassStatistic(num_classes={self.num_classes}, ignore_index={self.ignore_index}, "
+            f"top_ks={self.top_ks}, confmat={self.confmat}, nll={self.nll}, count_nonfinite={self.count_nonfinite})"
+        )
+
+    def merge_key(self) -> Hashable:
+        return ("class_stats", self.num_classes, self.ignore_index, self.inputs)
+
+    def merge(self, other: "ClassStatistic") -> "ClassStatistic":
+        assert self.merge_key() == other.merge_key()
+        return ClassStatistic(
+            self.num_classes,
+            self.ignore_index,
+            self.top_ks + other.top_ks,
+            self.confmat or other.confmat,
+            self.nll or other.nll,
+            self.count_nonfinite or other.count_nonfinite,
+            self.inputs,
+        )
+
+    def slots(self) -> list[Slot]:
+        C = self.num_classes
+        out = [
+            Slot("stats", SUM, (len(self.top_ks), 3, C)),
+            Slot("extras", SUM, (2,)),
+            Slot("bad", SUM, (1,)),
+        ]
+        if self.confmat:
+            out.append(Slot("confmat", SUM, (C, C)))
+        if self.count_nonfinite:
+            out.append(Slot("nonfinite", SUM, (1,)))
+        return out
+
+    def update(self, state: dict[str, torch.Tensor], **inputs) -> None:
+        p_name, t_name = self.inputs[0], self.inputs[1]
+        preds, target = inputs[p_name], inputs[t_name]
+        mask = inputs.get(self.inputs[2]) if len(self.inputs) > 2 else None
+        if preds.is_floating_point() and preds.dim() == target.dim():
+            # floating class indices (same shape as target): non-whole values are counted as bad
+            preds = as_index("class_stats", "preds", preds, preds.device)
+        ops.class_stats(
+            preds,
+            target,
+            mask,
+            num_classes=self.num_classes,
+            stats=state["stats"],
+            extras=state["extras"],
+            bad=state["bad"],
+            confmat=state.get("confmat"),
+            ignore_index=self.ignore_index,
+            top_ks=self.top_ks,
+            nll=self.nll,
+        )
+        if self.count_nonfinite and preds.is_floating_point():
+            keep = None if mask is None else torch.broadcast_to(mask, target.shape)
+            if self.ignore_index is not None:
+                ig = target != self.ignore_index
+                keep = ig if keep is None else keep & ig
+            state["nonfinite"].add_(nonfinite_rows(preds, keep, target.dim()))
+
+    def view(self, state: dict[str, torch.Tensor], need: "ClassStatistic") -> dict[str, torch.Tensor]:
+        """``need``'s own layout: ``stats`` [len(need.top_ks), 3, C] etc."""
+        idx = [self.top_ks.index(k) for k in need.top_ks]
+        if idx == list(range(idx[0], idx[0] + len(idx))):
+            stats = state["stats"][idx[0] : idx[0] + len(idx)]
+        else:
+            stats = state["stats"][idx]
+        out = {"stats": stats, "extras": state["extras"], "bad": state["bad"]}
+        if need.confmat:
+            out["confmat"] = state["confmat"]
+        if need.count_nonfinite:
+            out["nonfinite"] = state["nonfinite"]
+        return out
