@@ -1,0 +1,47 @@
+"""The metric catalogue (issue 4): classification, ranking, regression, text.
+
+Re-exported by ``d9d_kernels`` (``dk.Accuracy``, ``dk.AUROC``, ...).
+"""
+
+from d9d_kernels.metrics.classification import (
+    Accuracy,
+    CohenKappa,
+    ConfusionMatrix,
+    F1Score,
+    FBetaScore,
+    JaccardIndex,
+    MatthewsCorrCoef,
+    Precision,
+    Recall,
+    Specificity,
+)
+from d9d_kernels.metrics.ranking import AUROC, AveragePrecision
+from d9d_kernels.metrics.regression import (
+    ExplainedVariance,
+    MeanAbsoluteError,
+    MeanSquaredError,
+    PearsonCorrCoef,
+    R2Score,
+)
+from d9d_kernels.metrics.text import Perplexity
+
+__all__ = [
+    "Accuracy",
+    "Precision",
+    "Recall",
+    "F1Score",
+    "FBetaScore",
+    "Specificity",
+    "JaccardIndex",
+    "MatthewsCorrCoef",
+    "CohenKappa",
+    "ConfusionMatrix",
+    "AUROC",
+    "AveragePrecision",
+    "MeanSquaredError",
+    "MeanAbsoluteError",
+    "R2Score",
+    "PearsonCorrCoef",
+    "ExplainedVariance",
+    "Perplexity",
+]

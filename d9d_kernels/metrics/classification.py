@@ -1,0 +1,322 @@
+"""Classification metrics over the shared class / binary statistics.
+
+Every metric here is a thin wiring of a sufficient statistic
+(``ClassStatistic`` for task="multiclass", ``BinaryStatistic`` for "binary"
+and "multilabel") to a pure formula in ``formulas.classification``. In a
+``MetricGroup``, members on the same inputs merge their statistics: Accuracy
++ top-5 Accuracy + macro F1 + Precision + Recall + ConfusionMatrix run ONE
+``class_stats`` kernel per ``g.update(...)``.
+
+Constructor arguments follow torchmetrics 1.9 (``task``, ``num_classes``,
+``num_labels``, ``threshold``, ``top_k``, ``average``, ``ignore_index``),
+defaults included (``average="micro"``, JaccardIndex ``"macro"``), plus
+``nan_strategy``:
+
+* ``"error"`` (default): ``compute()`` raises ``ValueError`` with the count of
+  bad rows (class index out of range, NaN/Inf scores); bad rows are left out.
+* ``"ignore"``: rows with NaN/Inf scores are left out silently; out-of-range
+  indices still raise.
+* ``"propagate"``: the result is NaN when a NaN/Inf score was seen;
+  out-of-range indices still raise.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from d9d_kernels.metric import Metric
+from d9d_kernels.metrics import _args as A
+from d9d_kernels.metrics.binary_stats import BinaryStatistic
+from d9d_kernels.metrics.class_stats import ClassStatistic
+from d9d_kernels.metrics.formulas import classification as F
+
+__all__ = [
+    "Accuracy",
+    "Precision",
+    "Recall",
+    "F1Score",
+    "FBetaScore",
+    "Specificity",
+    "JaccardIndex",
+    "MatthewsCorrCoef",
+    "CohenKappa",
+    "ConfusionMatrix",
+]
+
+INPUTS = ("preds", "target", "mask")
+
+
+class _Classification(Metric):
+    """Task / argument handling shared by every classification metric."""
+
+    _default_average = "micro"
+    _uses_average = True
+    _needs_confmat = False
+    _allowed_tasks = A.TASKS
+
+    def __init__(
+        self,
+        task: str,
+        num_classes: int | None = None,
+        num_labels: int | None = None,
+        threshold: float = 0.5,
+        top_k: int = 1,
+        average: str | None = "default",
+        ignore_index: int | None = None,
+        nan_strategy: str = "error",
+    ):
+        super().__init__(nan_strategy=nan_strategy)
+        name = type(self).__name__
+        A.check_choice(name, "task", task, self._allowed_tasks)
+        if average == "default":
+            average = self._default_average
+        if average is None:
+            average = "none"
+        A.check_choice(name, "average", average, F.AVERAGES)
+        A.check_choice(name, "nan_strategy", nan_strategy, A.NAN_STRATEGIES)
+        A.check_ignore_index(name, ignore_index)
+        A.check_threshold(name, threshold)
+        A.check_int(name, "top_k", top_k)
+        if task == "multiclass":
+            A.check(num_classes is not None, name, "num_classes", "is required for task='multiclass'")
+            A.check_int(name, "num_classes", num_classes, lo=2)
+            A.check(top_k <= num_classes, name, "top_k", f"must be <= num_classes={num_classes}, got {top_k}")
+            A.check(top_k == 1 or not self._needs_confmat, name, "top_k", f"must be 1 for {name}, got {top_k}")
+        else:
+            A.check(top_k == 1, name, "top_k", f"is only supported for task='multiclass', got top_k={top_k} for task={task!r}")
+        if task == "multilabel":
+            A.check(num_labels is not None, name, "num_labels", "is required for task='multilabel'")
+            A.check_int(name, "num_labels", num_labels)
+        self.task = task
+        self.num_classes = num_classes if task == "multiclass" else None
+        self.num_labels = num_labels if task == "multilabel" else None
+        self.threshold = float(threshold)
+        self.top_k = int(top_k)
+        self.average = average
+        self.ignore_index = ignore_index
+
+    # -- statistics ---------------------------------------------------------
+
+    def _statistic(self):
+        nonfinite = self.nan_strategy != "error"
+        if self.task == "multiclass":
+            return ClassStatistic(
+                self.num_classes, self.ignore_index, (self.top_k,), confmat=self._needs_confmat,
+                count_nonfinite=nonfinite, inputs=INPUTS,
+            )
+        return BinaryStatistic(self.num_labels, self.threshold, self.ignore_index, count_nonfinite=nonfinite, inputs=INPUTS)
+
+    def _statistics(self):
+        return {"stats": self._statistic()}
+
+    # -- update -------------------------------------------------------------
+
+    def _check_inputs(self, preds, target, mask) -> None:
+        name = type(self).__name__
+        A.check_tensor(name, "preds", preds)
+        A.check_tensor(name, "target", target)
+        A.check(preds.device == target.device, name, "target", f"must be on preds' device {preds.device}, got {target.device}")
+        ps, ts = tuple(preds.shape), tuple(target.shape)
+        if self.task == "multiclass":
+            C = self.num_classes
+            if preds.is_floating_point() and preds.dim() == target.dim() + 1:
+                A.check(ps[:-1] == ts, name, "preds", f"scores must have shape target.shape + (num_classes,) = {ts + (C,)}, got {ps}")
+                A.check(ps[-1] == C, name, "preds", f"has {ps[-1]} classes in its last dim but num_classes={C}")
+            else:
+                A.check(ps == ts, name, "preds",
+                        f"must be class indices of target's shape {ts} or scores of shape {ts + (C,)}, got {ps}")
+                A.check(self.top_k == 1, name, "preds", f"must be scores [..., num_classes] for top_k={self.top_k}, got class indices")
+        else:
+            A.check(ps == ts, name, "preds", f"must have target's shape {ts}, got {ps}")
+            if self.task == "multilabel":
+                A.check(len(ps) >= 2 and ps[-1] == self.num_labels, name, "preds",
+                        f"must have shape [..., num_labels={self.num_labels}], got {ps}")
+        A.check_mask(name, mask, ts)
+
+    def update(self, preds: torch.Tensor, target: torch.Tensor, mask: torch.Tensor | None = None) -> None:
+        """Adds a batch (device-local, no host sync)."""
+        self._check_inputs(preds, target, mask)
+        self._feed({"stats": dict(preds=preds, target=target, mask=mask)})
+
+    # -- compute ------------------------------------------------------------
+
+    def _counts(self, s):
+        """``tp, fp, tn, fn`` ([C] or [L]) and whether they are per label."""
+        if self.task == "multiclass":
+            st = s["stats"][0]
+            n = s["extras"][0]
+            tp, pred, tgt = st[0], st[1], st[2]
+            fp = pred - tp
+            fn = tgt - tp
+            return tp, fp, n - tp - fp - fn, fn
+        st = s["state"]
+        return st[:, 0], st[:, 1], st[:, 2], st[:, 3]
+
+    def _raise_on_bad(self) -> bool:
+        return True  # out-of-range indices raise under every nan_strategy
+
+    def _bad_count(self, states) -> torch.Tensor:
+        return A.bad_count(states["stats"], self.nan_strategy)
+
+    def _bad_message(self, count) -> str:
+        return A.bad_message(self._label, count, self.nan_strategy)
+
+    def _finish(self, s, value: torch.Tensor) -> torch.Tensor:
+        if self.nan_strategy == "propagate":
+            value = torch.where(s["nonfinite"][0] > 0, torch.full_like(value, float("nan")), value)
+        return value
+
+    def _compute(self, states):
+        s = states["stats"]
+        return self._finish(s, self._value(s))
+
+    def _value(self, s) -> torch.Tensor:
+        tp, fp, tn, fn = self._counts(s)
+        multilabel = self.task != "multiclass"
+        if self.task == "binary":
+            return self._formula(tp, fp, tn, fn, "micro", True, 1)
+        return self._formula(tp, fp, tn, fn, self.average, multilabel, self.top_k)
+
+    def _formula(self, tp, fp, tn, fn, average, multilabel, top_k):
+        raise NotImplementedError
+
+
+class Accuracy(_Classification):
+    """Accuracy (torchmetrics ``Accuracy`` / sklearn ``accuracy_score``; macro = balanced accuracy).
+
+    Example:
+        >>> import torch, d9d_kernels as dk
+        >>> m = dk.Accuracy(task="multiclass", num_classes=3)
+        >>> m.update(torch.tensor([0, 2, 1, 1]), torch.tensor([0, 1, 1, 1]))
+        >>> m.compute().item()
+        0.75
+    """
+
+    def _formula(self, tp, fp, tn, fn, average, multilabel, top_k):
+        return F.accuracy(tp, fp, tn, fn, average, multilabel, top_k)
+
+
+class Precision(_Classification):
+    """Precision ``tp / (tp + fp)`` (torchmetrics ``Precision`` / sklearn ``precision_score``)."""
+
+    def _formula(self, tp, fp, tn, fn, average, multilabel, top_k):
+        return F.precision(tp, fp, tn, fn, average, multilabel, top_k)
+
+
+class Recall(_Classification):
+    """Recall ``tp / (tp + fn)`` (torchmetrics ``Recall`` / sklearn ``recall_score``)."""
+
+    def _formula(self, tp, fp, tn, fn, average, multilabel, top_k):
+        return F.recall(tp, fp, tn, fn, average, multilabel, top_k)
+
+
+class FBetaScore(_Classification):
+    """F-beta (torchmetrics ``FBetaScore`` / sklearn ``fbeta_score``)."""
+
+    def __init__(self, task: str, beta: float = 1.0, num_classes=None, num_labels=None, threshold=0.5, top_k=1,
+                 average="default", ignore_index=None, nan_strategy="error"):
+        name = type(self).__name__
+        A.check(isinstance(beta, (int, float)) and not isinstance(beta, bool) and beta > 0, name, "beta",
+                f"must be a float > 0, got {beta!r}")
+        super().__init__(task, num_classes, num_labels, threshold, top_k, average, ignore_index, nan_strategy)
+        self.beta = float(beta)
+
+    def _formula(self, tp, fp, tn, fn, average, multilabel, top_k):
+        return F.fbeta(tp, fp, tn, fn, self.beta, average, multilabel, top_k)
+
+
+class F1Score(FBetaScore):
+    """F1 (torchmetrics ``F1Score`` / sklearn ``f1_score``).
+
+    Example:
+        >>> import torch, d9d_kernels as dk
+        >>> m = dk.F1Score(task="binary")
+        >>> m.update(torch.tensor([0.9, 0.2, 0.7, 0.1]), torch.tensor([1, 0, 0, 1]))
+        >>> m.compute().item()
+        0.5
+    """
+
+    def __init__(self, task: str, num_classes=None, num_labels=None, threshold=0.5, top_k=1,
+                 average="default", ignore_index=None, nan_strategy="error"):
+        super().__init__(task, 1.0, num_classes, num_labels, threshold, top_k, average, ignore_index, nan_strategy)
+
+
+class Specificity(_Classification):
+    """Specificity ``tn / (tn + fp)`` (torchmetrics ``Specificity``)."""
+
+    def _formula(self, tp, fp, tn, fn, average, multilabel, top_k):
+        return F.specificity(tp, fp, tn, fn, average, multilabel, top_k)
+
+
+class JaccardIndex(_Classification):
+    """Jaccard index / IoU ``tp / (tp + fp + fn)`` (torchmetrics ``JaccardIndex``,
+    default ``average="macro"`` / sklearn ``jaccard_score``)."""
+
+    _default_average = "macro"
+
+    def _formula(self, tp, fp, tn, fn, average, multilabel, top_k):
+        return F.jaccard(tp, fp, tn, fn, average, multilabel, top_k)
+
+
+class _ConfmatMetric(_Classification):
+    _needs_confmat = True
+    _uses_average = False
+
+    def _confmat(self, s) -> torch.Tensor:
+        """``[C, C]`` (multiclass) or ``[L, 2, 2]`` (binary: L = 1)."""
+        if self.task == "multiclass":
+            return s["confmat"]
+        tp, fp, tn, fn = self._counts(s)
+        return F.binary_confmat(tp, fp, tn, fn)
+
+
+class MatthewsCorrCoef(_ConfmatMetric):
+    """Matthews correlation (sklearn ``matthews_corrcoef``; torchmetrics
+    ``MatthewsCorrCoef``). Multilabel: the labels' 2x2 matrices summed (as
+    torchmetrics). 0.0 when undefined (sklearn)."""
+
+    def _value(self, s):
+        cm = self._confmat(s)
+        if self.task != "multiclass":
+            cm = cm.sum(0)
+        return F.matthews_corrcoef(cm)
+
+
+class CohenKappa(_ConfmatMetric):
+    """Cohen's kappa (sklearn ``cohen_kappa_score``; torchmetrics ``CohenKappa``),
+    ``weights=None|"linear"|"quadratic"``; tasks binary / multiclass. 0.0 when undefined."""
+
+    _allowed_tasks = ("binary", "multiclass")
+
+    def __init__(self, task: str, num_classes=None, threshold=0.5, weights: str | None = None, ignore_index=None,
+                 nan_strategy="error"):
+        super().__init__(task, num_classes=num_classes, threshold=threshold, ignore_index=ignore_index,
+                         nan_strategy=nan_strategy)
+        A.check_choice(type(self).__name__, "weights", weights, (None, "none", "linear", "quadratic"))
+        self.weights = None if weights == "none" else weights
+
+    def _value(self, s):
+        cm = self._confmat(s)
+        if self.task != "multiclass":
+            cm = cm[0]
+        return F.cohen_kappa(cm, self.weights)
+
+
+class ConfusionMatrix(_ConfmatMetric):
+    """Confusion matrix, rows = target, columns = prediction (torchmetrics
+    ``ConfusionMatrix`` / sklearn ``confusion_matrix``): ``[2, 2]`` binary,
+    ``[L, 2, 2]`` multilabel, ``[C, C]`` multiclass; ``normalize`` None /
+    "true" / "pred" / "all" (empty rows/columns stay 0)."""
+
+    def __init__(self, task: str, num_classes=None, num_labels=None, threshold=0.5, normalize: str | None = None,
+                 ignore_index=None, nan_strategy="error"):
+        super().__init__(task, num_classes=num_classes, num_labels=num_labels, threshold=threshold,
+                         ignore_index=ignore_index, nan_strategy=nan_strategy)
+        A.check_choice(type(self).__name__, "normalize", normalize, (None, "none", "true", "pred", "all"))
+        self.normalize = None if normalize == "none" else normalize
+
+    def _value(self, s):
+        cm = self._confmat(s)
+        if self.task == "binary":
+            cm = cm[0]
+        return F.normalize_confmat(cm, self.normalize)

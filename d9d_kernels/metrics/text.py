@@ -1,0 +1,136 @@
+"""Perplexity from logits in one pass (log-sum-exp inside ``class_stats``).
+
+``exp(Σ (logsumexp(s) - s[target]) / valid tokens)``; no log-softmax tensor is
+materialised. With ``num_classes`` (the vocabulary size) given, Perplexity
+uses the same ``ClassStatistic`` as the classification metrics: in a
+``MetricGroup`` with ``Accuracy(task="multiclass", num_classes=V)`` (top-1
+and top-k) on the same inputs and ``ignore_index``, ONE kernel call per
+update serves them all. Without it, Perplexity keeps only ``[2]`` floats of
+state and passes the kernel a transient ``[1, 3, V]`` scratch buffer.
+"""
+
+from __future__ import annotations
+
+from typing import Hashable
+
+import torch
+
+from d9d_kernels import ops
+from d9d_kernels.metric import Metric
+from d9d_kernels.metrics import _args as A
+from d9d_kernels.metrics.class_stats import ClassStatistic, nonfinite_rows
+from d9d_kernels.metrics.statistic import SUM, Slot, Statistic
+
+__all__ = ["Perplexity"]
+
+INPUTS = ("preds", "target", "mask")
+
+
+class NLLStatistic(Statistic):
+    """Valid tokens + summed NLL of one ``class_stats`` call, for any vocabulary size."""
+
+    def __init__(self, ignore_index: int | None = None, count_nonfinite: bool = False, inputs=INPUTS):
+        self.ignore_index = ignore_index
+        self.count_nonfinite = bool(count_nonfinite)
+        self.inputs = tuple(inputs)
+
+    def merge_key(self) -> Hashable:
+        return ("nll", self.ignore_index, self.inputs)
+
+    def merge(self, other: "NLLStatistic") -> "NLLStatistic":
+        return NLLStatistic(self.ignore_index, self.count_nonfinite or other.count_nonfinite, self.inputs)
+
+    def slots(self) -> list[Slot]:
+        out = [Slot("extras", SUM, (2,)), Slot("bad", SUM, (1,))]
+        if self.count_nonfinite:
+            out.append(Slot("nonfinite", SUM, (1,)))
+        return out
+
+    def update(self, state, **inputs) -> None:
+        preds, target = inputs[self.inputs[0]], inputs[self.inputs[1]]
+        mask = inputs.get(self.inputs[2])
+        V = preds.shape[-1]
+        scratch = torch.zeros(1, 3, V, dtype=torch.float64, device=preds.device)
+        ops.class_stats(preds, target, mask, num_classes=V, stats=scratch, extras=state["extras"], bad=state["bad"],
+                        ignore_index=self.ignore_index, top_ks=(1,), nll=True)
+        if self.count_nonfinite:
+            keep = None if mask is None else torch.broadcast_to(mask, target.shape)
+            if self.ignore_index is not None:
+                ig = target != self.ignore_index
+                keep = ig if keep is None else keep & ig
+            state["nonfinite"].add_(nonfinite_rows(preds, keep, target.dim()))
+
+    def view(self, state, need):
+        out = {"extras": state["extras"], "bad": state["bad"]}
+        if need.count_nonfinite:
+            out["nonfinite"] = state["nonfinite"]
+        return out
+
+
+class Perplexity(Metric):
+    """Perplexity of a language model (torchmetrics ``Perplexity``).
+
+    Args:
+        ignore_index: target value (e.g. padding) whose tokens are left out.
+        num_classes: vocabulary size V (optional): lets a group share the
+            kernel call with multiclass metrics on the same inputs.
+        nan_strategy: as the classification metrics (default ``"error"``:
+            NaN/Inf logits and out-of-range targets raise at ``compute()``).
+
+    ``update(preds, target, mask=None)``: logits ``[N, V]`` / ``[B, T, V]``
+    (any floating dtype; float64 accumulation), targets ``[N]`` / ``[B, T]``.
+    With no valid token, ``compute()`` returns 0.0.
+
+    Example:
+        >>> import torch, d9d_kernels as dk
+        >>> m = dk.Perplexity()
+        >>> m.update(torch.zeros(2, 3, 4), torch.tensor([[0, 1, 2], [3, 0, 1]]))
+        >>> round(m.compute().item(), 6)   # uniform over 4 tokens
+        4.0
+    """
+
+    def __init__(self, ignore_index: int | None = None, num_classes: int | None = None, nan_strategy: str = "error"):
+        super().__init__(nan_strategy=nan_strategy)
+        A.check_ignore_index("Perplexity", ignore_index)
+        A.check_int("Perplexity", "num_classes", num_classes, lo=1, optional=True)
+        self.ignore_index = ignore_index
+        self.num_classes = num_classes
+
+    def _statistics(self):
+        nonfinite = self.nan_strategy != "error"
+        if self.num_classes is None:
+            return {"nll": NLLStatistic(self.ignore_index, nonfinite, INPUTS)}
+        return {"nll": ClassStatistic(self.num_classes, self.ignore_index, (1,), nll=True, count_nonfinite=nonfinite, inputs=INPUTS)}
+
+    def update(self, preds: torch.Tensor, target: torch.Tensor, mask: torch.Tensor | None = None) -> None:
+        """Adds a batch of logits and target token ids (device-local, no host sync)."""
+        A.check_tensor("Perplexity", "preds", preds)
+        A.check_tensor("Perplexity", "target", target)
+        A.check(preds.is_floating_point(), "Perplexity", "preds", f"must be floating logits, got {preds.dtype}", TypeError)
+        A.check(not target.is_floating_point(), "Perplexity", "target", f"must be integer token ids, got {target.dtype}", TypeError)
+        ps, ts = tuple(preds.shape), tuple(target.shape)
+        A.check(len(ps) in (2, 3) and ps[:-1] == ts, "Perplexity", "preds",
+                f"must be logits [N, V] or [B, T, V] with target [N] / [B, T], got preds {ps}, target {ts}")
+        if self.num_classes is not None:
+            A.check(ps[-1] == self.num_classes, "Perplexity", "preds",
+                    f"has vocabulary size {ps[-1]} in its last dim but num_classes={self.num_classes}")
+        A.check(preds.device == target.device, "Perplexity", "target", f"must be on preds' device {preds.device}")
+        A.check_mask("Perplexity", mask, ts)
+        self._feed({"nll": dict(preds=preds, target=target, mask=mask)})
+
+    def _raise_on_bad(self) -> bool:
+        return True
+
+    def _bad_count(self, states) -> torch.Tensor:
+        return A.bad_count(states["nll"], self.nan_strategy)
+
+    def _bad_message(self, count) -> str:
+        return A.bad_message(self._label, count, self.nan_strategy)
+
+    def _compute(self, states):
+        s = states["nll"]
+        n, nll = s["extras"][0], s["extras"][1]
+        value = torch.where(n > 0, torch.exp(nll / torch.where(n > 0, n, torch.ones_like(n))), torch.zeros_like(n))
+        if self.nan_strategy == "propagate":
+            value = torch.where(s["nonfinite"][0] > 0, torch.full_like(value, float("nan")), value)
+        return value
