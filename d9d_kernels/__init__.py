@@ -6,5 +6,9 @@ extension (see ``d9d_kernels.ops.backends()``).
 
 from d9d_kernels import _extension, ops, reference  # noqa: F401
 from d9d_kernels.distributed import DistributedContext  # noqa: F401
+from d9d_kernels import checkpoint  # noqa: F401
+from d9d_kernels.metric import Metric  # noqa: F401
+from d9d_kernels.group import MetricGroup  # noqa: F401
+from d9d_kernels.metrics.aggregation import MaxMetric, MinMetric, SumMetric, WeightedMeanMetric  # noqa: F401
 
 __version__ = "0.1.0"

@@ -72,3 +72,32 @@ class Statistic:
     def view(self, state: dict[str, torch.Tensor], need: "Statistic") -> dict[str, torch.Tensor]:
         """The part of ``state`` that ``need`` (merged into self) asked for."""
         return state
+
+    # ------------------------------------------------------------------
+    # Optional hooks (defaults fit statistics without REPLICA slots).
+    # ------------------------------------------------------------------
+
+    def schema(self) -> str:
+        """A rank-independent description of the configuration, compared
+        across ranks at the first sync (never contains ids or addresses)."""
+        slots = ",".join(f"{s.name}:{s.kind}:{tuple(s.shape)}" for s in self.slots())
+        return f"{type(self).__qualname__}[{slots}]"
+
+    def choose_replica(self, replicas: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+        """The REPLICA values every rank adopts, given each rank's (in rank
+        order, or each saved state's when merging checkpoints). Default: the
+        first one."""
+        return {k: v.clone() for k, v in replicas[0].items()}
+
+    def adopt_replica(self, state: dict[str, torch.Tensor], replica: dict[str, torch.Tensor]) -> None:
+        """Re-expresses ``state`` (this rank's local views, all kinds) relative
+        to ``replica`` and writes ``replica`` into its REPLICA slots. Torch
+        ops only. Default: plain copy (no SUM/MAX slot depends on it)."""
+        for k, v in replica.items():
+            state[k].copy_(v)
+
+    def replica_settled(self, replica: dict[str, torch.Tensor]) -> bool:
+        """False while the chosen replica is still undetermined (e.g. no rank
+        has seen data to set a pivot): the handshake is repeated at the next
+        sync. May read ``replica`` on the host (handshake time only)."""
+        return True

@@ -1,0 +1,92 @@
+"""Checkpointing metrics with ``torch.distributed.checkpoint`` (DCP).
+
+``Metric.state_dict()`` holds this rank's LOCAL state under a rank-specific
+key, because DCP de-duplicates plain tensors saved under the same key on
+every rank::
+
+    {"world_size": W, "schema": "<fingerprint>",
+     "rank_<r>": {"sum": f64[...], "max": f64[...], "replica": f64[...]}}
+
+Same world size: ``dcp.save({"metrics": g}, ...)`` / ``dcp.load({"metrics": g},
+...)`` restores every rank's local state exactly (pivots included).
+
+Different world size: states are additive, so new rank ``r`` of ``W'`` loads
+the saved ranks ``s`` with ``s % W' == r`` (``ranks_for``) and sums them
+(MAX slots: max; moment sums re-centred to one pivot first). With fewer new
+ranks some load several; with more, some load none (they start empty). The
+global ``compute()`` after the next sync is the same as before saving. DCP
+builds its read plan from ``state_dict()``, so wrap the metric::
+
+    n = dk.checkpoint.saved_world_size(path, key="metrics")       # from DCP metadata
+    dcp.load({"metrics": dk.checkpoint.for_resume(g, n)}, checkpoint_id=path)
+
+``for_resume`` returns a Stateful whose ``state_dict()`` is the template
+(``metric_state_template``) and whose ``load_state_dict`` merges into ``g``.
+A checkpoint from a different group schema raises ``ValueError``.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from d9d_kernels.metric import Metric, _rank_world
+
+__all__ = ["ranks_for", "metric_state_template", "for_resume", "saved_world_size", "ResumeState"]
+
+
+def ranks_for(rank: int, world_size: int, saved_world_size: int) -> list[int]:
+    """Saved ranks that new rank ``rank`` of ``world_size`` loads: ``s % world_size == rank``."""
+    return [s for s in range(saved_world_size) if s % world_size == rank]
+
+
+def metric_state_template(
+    metric: Metric, saved_world_size: int, rank: int | None = None, world_size: int | None = None
+) -> dict[str, Any]:
+    """The DCP load template of ``metric`` for a checkpoint saved on
+    ``saved_world_size`` ranks (defaults: this process' rank / world size)."""
+    r, w = _rank_world()
+    rank = r if rank is None else rank
+    world_size = w if world_size is None else world_size
+    st = metric._storage
+    out: dict[str, Any] = {"world_size": int(saved_world_size), "schema": st.layout.fingerprint}
+    for s in ranks_for(rank, world_size, saved_world_size):
+        out[f"rank_{s}"] = st.template_entry()
+    return out
+
+
+class ResumeState:
+    """Stateful adapter: loads a checkpoint saved on another world size into a metric."""
+
+    def __init__(self, metric: Metric, saved_world_size: int, rank: int | None = None, world_size: int | None = None):
+        self.metric = metric
+        self.saved_world_size = saved_world_size
+        self.rank = rank
+        self.world_size = world_size
+
+    def state_dict(self) -> dict[str, Any]:
+        return metric_state_template(self.metric, self.saved_world_size, self.rank, self.world_size)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.metric.load_state_dict(state_dict)
+
+
+def for_resume(
+    metric: Metric, saved_world_size: int, rank: int | None = None, world_size: int | None = None
+) -> ResumeState:
+    """``dcp.load({"metrics": for_resume(g, n)}, ...)`` for a checkpoint saved on ``n`` ranks."""
+    return ResumeState(metric, saved_world_size, rank, world_size)
+
+
+def saved_world_size(checkpoint_id, key: str) -> int:
+    """World size a metric saved under ``key`` was checkpointed with, read
+    from the DCP metadata (``checkpoint_id``: a path or a ``StorageReader``)."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    reader = FileSystemReader(checkpoint_id) if not hasattr(checkpoint_id, "read_metadata") else checkpoint_id
+    meta = reader.read_metadata()
+    pat = re.compile(re.escape(key) + r"\.rank_(\d+)\.")
+    ranks = [int(m.group(1)) for k in meta.state_dict_metadata for m in [pat.match(k)] if m]
+    if not ranks:
+        raise ValueError(f"no metric state saved under {key!r} in {checkpoint_id}")
+    return max(ranks) + 1

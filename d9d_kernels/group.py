@@ -1,0 +1,163 @@
+"""MetricGroup: many metrics, one packed buffer per reduction kind, one sync.
+
+``MetricGroup({name: metric}, device=None)`` gathers every member's
+statistics, merges those with equal ``merge_key`` (one state slice and one
+kernel call per ``g.update``), allocates ONE float64 buffer per kind (SUM, MAX,
+REPLICA) and re-points every member at it: ``g["acc"].update(...)`` writes
+into the group's buffers. Members' previous state is discarded (build groups
+from fresh metrics). A sync is one async all_reduce per non-empty kind: 1 for
+a sum-only group, 2 with a max/min metric.
+
+Example:
+    >>> import torch, d9d_kernels as dk
+    >>> g = dk.MetricGroup({"loss": dk.WeightedMeanMetric(), "tokens": dk.SumMetric(),
+    ...                     "peak": dk.MaxMetric()})
+    >>> g["loss"].update(values=torch.tensor([2.0, 4.0]), weights=torch.tensor([1.0, 3.0]))
+    >>> g["tokens"].update(4.0)
+    >>> g.update(values=torch.tensor([1.0, 7.0]))   # every member takes `values`
+    >>> g.trigger_sync(); g.wait_sync()
+    >>> {k: round(v.item(), 4) for k, v in g.compute().items()}
+    {'loss': 3.6667, 'tokens': 12.0, 'peak': 7.0}
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import torch
+
+from d9d_kernels.metric import HostValues, Metric, _GroupBase, _Layout, _Storage, update_signature
+
+__all__ = ["MetricGroup"]
+
+
+class MetricGroup(_GroupBase):
+    """A ``Metric`` holding named members in one packed storage (API.md §3).
+
+    Args:
+        metrics: ``{name: Metric}``; fresh metrics, not in another group.
+        device: where the buffers live; default the members' common device
+            (CPU if they differ or there are none).
+
+    ``update(**inputs)`` feeds every member whose ``update`` takes exactly
+    these names (its required parameters ⊆ given ⊆ its parameters) and runs
+    each distinct (merged) statistic once. ``compute()`` returns
+    ``{name: tensor}``; ``compute_to_host()`` one handle for all of them.
+    """
+
+    def __init__(self, metrics: dict[str, Metric], device: torch.device | str | None = None):
+        super().__init__()
+        if not isinstance(metrics, dict) or not metrics:
+            raise ValueError("MetricGroup: argument 'metrics' must be a non-empty dict {name: Metric}")
+        for name, m in metrics.items():
+            if not isinstance(name, str):
+                raise TypeError(f"MetricGroup: member names must be str, got {name!r}")
+            if not isinstance(m, Metric) or isinstance(m, _GroupBase):
+                raise TypeError(f"MetricGroup: member {name!r} must be a (non-group) Metric, got {type(m).__name__}")
+            if m._group is not None:
+                raise ValueError(f"MetricGroup: member {name!r} already belongs to another MetricGroup")
+        if device is None:
+            devs = {m.device for m in metrics.values()}
+            device = devs.pop() if len(devs) == 1 else torch.device("cpu")
+        d = self.__dict__
+        d["_members"] = dict(metrics)
+        d["_device"] = torch.device(device)
+        d["_label"] = "MetricGroup"
+        d["_sig_cache"] = {}
+        d["_sigs"] = {name: update_signature(m) for name, m in metrics.items()}
+
+    def _statistics(self):
+        return {}
+
+    def _finalize(self) -> None:
+        members = self._members
+        owners = [(f"MetricGroup[{n!r}]", m) for n, m in members.items()]
+        layout = _Layout(owners)
+        storage = _Storage(layout, self._device, "MetricGroup")
+        self.__dict__["_storage"] = storage
+        self.__dict__["_stat_map"] = {}
+        for (label, m), smap in zip(owners, layout.maps):
+            d = m.__dict__
+            d["_storage"] = storage
+            d["_stat_map"] = smap
+            d["_group"] = self
+            d["_label"] = f"{label} ({type(m).__name__})"
+
+    # -- mapping protocol -------------------------------------------------------
+    def __getitem__(self, name: str) -> Metric:
+        return self._members[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._members)
+
+    def __len__(self) -> int:
+        return len(self._members)
+
+    def __contains__(self, name) -> bool:
+        return name in self._members
+
+    def keys(self):
+        return self._members.keys()
+
+    def items(self):
+        return self._members.items()
+
+    def values(self):
+        return self._members.values()
+
+    # -- lifecycle ----------------------------------------------------------------
+    def _targets(self, names: frozenset) -> list[Metric]:
+        cache = self._sig_cache
+        hit = cache.get(names)
+        if hit is None:
+            hit = []
+            for n, (req, allp, var) in self._sigs.items():
+                if req <= names and (var or names <= allp):
+                    hit.append(self._members[n])
+            cache[names] = hit
+        return hit
+
+    def update(self, **inputs) -> None:
+        """Feeds ``inputs`` to every member whose update takes exactly these names."""
+        targets = self._targets(frozenset(inputs))
+        if not targets:
+            raise ValueError(f"MetricGroup.update: no member's update takes the inputs {sorted(inputs)}")
+        collected: list = []
+        try:
+            for m in targets:
+                m.__dict__["_collector"] = collected
+                m.update(**inputs)
+        finally:
+            for m in targets:
+                m.__dict__["_collector"] = None
+        items = []
+        for m, prepared in collected:
+            smap = m._stat_map
+            items.extend((smap[name], kw) for name, kw in prepared.items())
+        self._storage.run(items)
+
+    def compute(self) -> dict[str, torch.Tensor]:
+        """``{name: tensor}`` (synced after ``wait_sync``, else local)."""
+        return {n: m.compute() for n, m in self._members.items()}
+
+    def reset(self) -> None:
+        self._storage.reset()
+
+    def _host_items(self):
+        items, checks = [], []
+        for n, m in self._members.items():
+            states = m._states()
+            bad = m._bad_count(states)
+            items.append((n, m._compute_unchecked(states)))
+            if bad is not None:
+                checks.append((m, bad))
+        return items, checks
+
+    def compute_to_host(self) -> HostValues:
+        """All members' values in ONE non-blocking device->host copy;
+        ``.result()`` -> ``{name: float}``."""
+        return super().compute_to_host()
+
+    def __repr__(self) -> str:
+        inner = ", ".join(f"{n!r}: {m!r}" for n, m in self._members.items())
+        return f"MetricGroup({{{inner}}})"

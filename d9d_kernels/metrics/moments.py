@@ -1,0 +1,145 @@
+"""Statistics over ``ops.weighted_moments`` and ``ops.running_extrema``.
+
+``MomentsStatistic`` (slots ``moments`` SUM [9] as in
+``d9d_kernels.reference.MOMENTS``, ``bad`` SUM [1], ``pivot`` REPLICA [2],
+NaN = unset) backs SumMetric / WeightedMeanMetric and the regression metrics;
+``ExtremaStatistic`` (``extrema`` MAX [2] = (max, -min), ``bad`` SUM [1])
+backs MaxMetric / MinMetric.
+
+Pivots: the op sets an unset pivot from the first valid element, so sums are
+about a value near the data (exact variances for ``1e6 + noise``). Ranks (or
+saved checkpoint states) may hold different pivots; before their sums are
+added they are re-centred to one pivot with ``recenter_moments`` (exact shift
+formulas). The first distributed sync adopts, per component, the pivot of
+the lowest rank that has one; it then stays fixed (``reset`` keeps it).
+"""
+
+from __future__ import annotations
+
+from typing import Hashable
+
+import torch
+
+from d9d_kernels import ops
+from d9d_kernels.metrics.statistic import MAX, REPLICA, SUM, Slot, Statistic
+from d9d_kernels.reference import MOMENTS_SIZE
+
+__all__ = ["MomentsStatistic", "ExtremaStatistic", "recenter_moments", "first_set"]
+
+
+def recenter_moments(moments: torch.Tensor, old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+    """Moments about pivot ``old`` (float64 [2] = px, py) re-expressed about ``new``.
+
+    Unset (NaN) pivots mean 0 (what the op used). With ``d = old - new``:
+    ``sx' = sx + w dx``, ``sxx' = sxx + 2 dx sx + w dx^2`` (same for y),
+    ``sxy' = sxy + dx sy + dy sx + w dx dy``; ``w, sae, sse, n`` unchanged.
+    Torch ops only (no host sync). Returns a new [9] tensor.
+    """
+    d = torch.nan_to_num(old, nan=0.0) - torch.nan_to_num(new, nan=0.0)
+    dx, dy = d[0], d[1]
+    w, sx, sxx, sy, syy, sxy = moments[0], moments[1], moments[2], moments[3], moments[4], moments[5]
+    return torch.stack(
+        [
+            w,
+            sx + w * dx,
+            sxx + 2 * dx * sx + w * dx * dx,
+            sy + w * dy,
+            syy + 2 * dy * sy + w * dy * dy,
+            sxy + dx * sy + dy * sx + w * dx * dy,
+            moments[6],
+            moments[7],
+            moments[8],
+        ]
+    )
+
+
+def first_set(values: list[torch.Tensor]) -> torch.Tensor:
+    """Per component, the first non-NaN value across ``values`` (NaN if none)."""
+    p = torch.stack([v.reshape(-1) for v in values])
+    idx = torch.argmax((~torch.isnan(p)).to(torch.int8), dim=0)
+    return p.gather(0, idx[None])[0].reshape(values[0].shape)
+
+
+class MomentsStatistic(Statistic):
+    """Weighted moments of ``x`` (and ``y``): one ``weighted_moments`` call.
+
+    Args:
+        paired: ``y`` is given (regression: x = preds, y = target).
+        skip_bad: leave non-finite elements out (``nan_strategy="ignore"``).
+        shared: merge with equal-config MomentsStatistics of other members
+            of a group (they must be fed the same inputs, e.g. regression
+            metrics on ``preds``/``target``). Aggregation metrics, fed one by
+            one, use ``shared=False`` (never merged).
+
+    ``update(state, x, y=None, weights=None, mask=None)``.
+    """
+
+    inputs = ("x", "y", "weights", "mask")
+
+    def __init__(self, paired: bool = False, skip_bad: bool = False, shared: bool = False):
+        self.paired = bool(paired)
+        self.skip_bad = bool(skip_bad)
+        self.shared = bool(shared)
+
+    def merge_key(self) -> Hashable:
+        key = ("moments", self.paired, self.skip_bad)
+        return key if self.shared else key + (id(self),)
+
+    def merge(self, other: Statistic) -> Statistic:
+        return self
+
+    def slots(self) -> list[Slot]:
+        return [
+            Slot("moments", SUM, (MOMENTS_SIZE,)),
+            Slot("bad", SUM, (1,)),
+            Slot("pivot", REPLICA, (2,), float("nan")),
+        ]
+
+    def schema(self) -> str:
+        return f"MomentsStatistic(paired={self.paired},skip_bad={self.skip_bad},shared={self.shared})"
+
+    def update(self, state, x, y=None, weights=None, mask=None) -> None:
+        ops.weighted_moments(
+            x, y, weights, mask, state=state["moments"], bad=state["bad"], pivot=state["pivot"], skip_bad=self.skip_bad
+        )
+
+    def choose_replica(self, replicas):
+        return {"pivot": first_set([r["pivot"] for r in replicas])}
+
+    def adopt_replica(self, state, replica) -> None:
+        new = replica["pivot"].to(state["pivot"].device)
+        state["moments"].copy_(recenter_moments(state["moments"], state["pivot"], new))
+        state["pivot"].copy_(new)
+
+    def replica_settled(self, replica) -> bool:
+        p = replica["pivot"].tolist()
+        return p[0] == p[0] and (not self.paired or p[1] == p[1])
+
+
+class ExtremaStatistic(Statistic):
+    """Running (max, -min) of ``x``: one ``running_extrema`` call, MAX kind.
+
+    ``update(state, x, mask=None)``. ``shared`` as in ``MomentsStatistic``.
+    """
+
+    inputs = ("x", "mask")
+
+    def __init__(self, skip_bad: bool = False, shared: bool = False):
+        self.skip_bad = bool(skip_bad)
+        self.shared = bool(shared)
+
+    def merge_key(self) -> Hashable:
+        key = ("extrema", self.skip_bad)
+        return key if self.shared else key + (id(self),)
+
+    def merge(self, other: Statistic) -> Statistic:
+        return self
+
+    def slots(self) -> list[Slot]:
+        return [Slot("extrema", MAX, (2,), float("-inf")), Slot("bad", SUM, (1,))]
+
+    def schema(self) -> str:
+        return f"ExtremaStatistic(skip_bad={self.skip_bad},shared={self.shared})"
+
+    def update(self, state, x, mask=None) -> None:
+        ops.running_extrema(x, mask, state=state["extrema"], bad=state["bad"], skip_bad=self.skip_bad)
