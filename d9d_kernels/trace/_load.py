@@ -48,7 +48,7 @@ __all__ = [
     "load_card", "KIND_NAMES",
     "KIND_OTHER", "KIND_KERNEL", "KIND_MEMCPY", "KIND_MEMSET", "KIND_CPU_OP",
     "KIND_USER_ANNOTATION", "KIND_GPU_USER_ANNOTATION", "KIND_PROFILER_STEP",
-    "KIND_RUNTIME", "COLLECTIVE_ARG_KEYS",
+    "KIND_RUNTIME", "COLLECTIVE_ARG_KEYS", "COMM_ANNOTATION_RE", "COMM_KERNEL_RE",
 ]
 
 
@@ -94,7 +94,11 @@ COLLECTIVE_ARG_KEYS = (
     "Collective name", "In msg nelems", "Out msg nelems", "Group size", "dtype",
     "In split size", "Out split size", "Process Group Name", "Process Group Description",
     "Process Group Ranks", "Global rank start", "Global rank stride", "Seq",
+    "Input Dims", "Input type",
 )
+# CPU-side collective ranges recorded by the process-group backends: "gloo:all_reduce",
+# "nccl:all_reduce", ... (gloo: on its worker threads, spanning the actual transfer)
+COMM_ANNOTATION_RE = re.compile(r"^(gloo|nccl|rccl|mpi|ucc|xccl):\w+")
 
 
 # ----------------------------------------------------------------------------- data
@@ -107,7 +111,8 @@ class RankTrace:
     ids are mapped to negative ints), ``stream`` (int64, ``args.stream``, -1 if absent),
     ``device`` (int64, ``args.device`` else -1), ``correlation`` (int64, -1 if absent),
     ``external_id`` (int64, ``args["External id"]``, -1 if absent), ``is_comm`` (bool:
-    NCCL/RCCL kernel, or a ``record_param_comms`` CPU op).
+    NCCL/RCCL kernel, a ``record_param_comms`` CPU op, or a backend range such as
+    ``gloo:all_reduce`` / ``nccl:all_reduce``, see :data:`COMM_ANNOTATION_RE`).
     ``comm_args``: row -> dict of :data:`COLLECTIVE_ARG_KEYS` present on that event.
     ``steps``: ``(step_num, start_us, end_us)`` arrays of the CPU-side ProfilerStep#N spans.
     """
@@ -291,7 +296,8 @@ def load_rank(path, rank: int | None = None) -> RankTrace:
             device.append(a.get("device", -1))
             corr.append(a.get("correlation", -1))
             ext.append(a.get("External id", -1))
-            if "Collective name" in a or name == "record_param_comms":
+            if "Collective name" in a or name == "record_param_comms" or (
+                    ":" in name and COMM_ANNOTATION_RE.match(name)):
                 comm_rows[row] = {k: a[k] for k in COLLECTIVE_ARG_KEYS if k in a}
         else:
             stream.append(-1)
@@ -326,6 +332,8 @@ def load_rank(path, rank: int | None = None) -> RankTrace:
     rpc = names.get("record_param_comms")
     if rpc is not None:
         is_comm |= name_id == rpc
+    ann = np.asarray([bool(COMM_ANNOTATION_RE.match(n)) for n in name_list], dtype=bool)
+    is_comm |= ann[name_id] & (kind != KIND_KERNEL)
     dist = doc.get("distributedInfo") or None
     if rank is None:
         rank = int(dist["rank"]) if dist and "rank" in dist else 0

@@ -4,7 +4,10 @@ Per rank, per collective type and process group. Sources:
 
 * GPU traces: NCCL/RCCL kernels (``^(nccl|rccl).*kernel``). The type comes from the
   kernel's ``Collective name`` arg, else from its name (``ncclDevKernel_AllGather_...``).
-* CPU traces (gloo, no GPU kernels): ``record_param_comms`` CPU ops.
+* CPU traces (gloo, no GPU kernels): the backend's own ranges (``gloo:all_reduce``, run on
+  the gloo worker threads and spanning the transfer), else ``record_param_comms`` CPU ops.
+  For backend ranges without collective args the volume comes from ``Input Dims`` x
+  ``Input type`` (traces recorded with ``record_shapes=True``; all-gather: input x n).
 
 Time is the event duration (for a kernel it includes waiting for the slowest peer).
 Volume (bytes) = max(In, Out msg nelems) x dtype size — the full buffer nccl-tests
@@ -25,7 +28,7 @@ from collections import defaultdict
 import numpy as np
 
 from d9d_kernels.trace._common import open_workload, rank_key, resolve_mode
-from d9d_kernels.trace._load import KIND_KERNEL, RankTrace
+from d9d_kernels.trace._load import COMM_ANNOTATION_RE, KIND_KERNEL, RankTrace
 from d9d_kernels.trace._result import metric, result
 
 DTYPE_BYTES = {
@@ -34,6 +37,9 @@ DTYPE_BYTES = {
     "char": 1, "int8": 1, "byte": 1, "uint8": 1, "bool": 1, "complexfloat": 8,
     "complexdouble": 16, "complexhalf": 4, "float8_e4m3fn": 1, "float8_e5m2": 1,
     "float8_e4m3fnuz": 1, "float8_e5m2fnuz": 1, "uint16": 2, "uint32": 4, "uint64": 8,
+    # C++ type names used in "Input type" (record_shapes)
+    "c10::bfloat16": 2, "c10::half": 2, "long int": 8, "short int": 2, "signed char": 1,
+    "unsigned char": 1, "c10::complex<float>": 8, "c10::complex<double>": 16,
 }
 _KERNEL_TYPE_RE = re.compile(r"(?:nccl|rccl)\w*?Kernel_([A-Za-z]+)", re.I)
 
@@ -80,7 +86,16 @@ def _group_size(a: dict, world: int | None) -> int | None:
     return world
 
 
-def _volume(a: dict) -> int | None:
+def _volume(a: dict, kind: str = "", n: int | None = None) -> int | None:
+    if "dtype" not in a and a.get("Input Dims") and a.get("Input type"):
+        size = DTYPE_BYTES.get(str(a["Input type"][0]).lower())
+        dims = a["Input Dims"][0]
+        while dims and isinstance(dims[0], list):  # TensorList: first tensor
+            dims = dims[0]
+        if size is None or not isinstance(dims, list):
+            return None
+        vol = int(np.prod(dims, dtype=np.int64)) * size
+        return vol * n if (kind == "allgather" and n) else vol
     size = DTYPE_BYTES.get(str(a.get("dtype", "")).lower())
     if size is None:
         return None
@@ -97,22 +112,36 @@ def collective_events(rt: RankTrace, mode: str):
     if mode == "gpu":
         rows = np.flatnonzero(rt.is_comm & (rt.kind == KIND_KERNEL))
     else:
-        rows = np.flatnonzero(rt.is_comm & (rt.kind != KIND_KERNEL))
+        cpu = rt.is_comm & (rt.kind != KIND_KERNEL)
+        ann = cpu & rt.name_mask(lambda n: bool(COMM_ANNOTATION_RE.match(n)))
+        rows = np.flatnonzero(ann if ann.any() else cpu)
     rows = rows[np.argsort(rt.ts[rows], kind="stable")]
     world = rt.world_size
+    pgs = (rt.distributed_info or {}).get("pg_config") or []
+    sole_pg = None
+    if len(pgs) == 1 and isinstance(pgs[0], dict):
+        sole_pg = f"{pgs[0].get('pg_name')}:{pgs[0].get('pg_desc')}" if pgs[0].get("pg_desc") \
+            else str(pgs[0].get("pg_name"))
     out = []
     for i in rows:
         a = rt.comm_args.get(int(i), {})
+        name = rt.names[rt.name_id[i]]
         if "Collective name" in a:
             kind = normalize_collective(a["Collective name"])
+        elif COMM_ANNOTATION_RE.match(name):
+            kind = normalize_collective(name.split(":", 1)[1])
         else:
-            m = _KERNEL_TYPE_RE.search(rt.names[rt.name_id[i]])
+            m = _KERNEL_TYPE_RE.search(name)
             kind = normalize_collective(m.group(1)) if m else "unknown"
         pg = a.get("Process Group Name")
         desc = a.get("Process Group Description")
-        pg = "unknown" if pg is None else (f"{pg}:{desc}" if desc else str(pg))
-        out.append({"row": int(i), "kind": kind, "pg": pg, "n": _group_size(a, world),
-                    "bytes": _volume(a), "ts": float(rt.ts[i]), "dur": float(rt.dur[i])})
+        if pg is None:
+            pg = sole_pg or "unknown"
+        else:
+            pg = f"{pg}:{desc}" if desc else str(pg)
+        n = _group_size(a, world)
+        out.append({"row": int(i), "kind": kind, "pg": pg, "n": n,
+                    "bytes": _volume(a, kind, n), "ts": float(rt.ts[i]), "dur": float(rt.dur[i])})
     return out
 
 
@@ -147,7 +176,8 @@ def metric_cal(trace_dir, workload_card_path=None, profile_mode="auto") -> dict:
                 vol = float(sum(vols))
                 algbw = vol / (t * 1e3) if t > 0 else None
                 f = busbw_factor(kind, n)
-                entry["volume"] = metric(vol, "bytes", "sum of max(In, Out msg nelems) x dtype size")
+                entry["volume"] = metric(vol, "bytes", "summed per-op size: max(In, Out msg nelems) x dtype size, "
+                                       "or Input Dims x Input type for backend ranges")
                 entry["algbw"] = metric(algbw, "GB/s", "volume / time (1 GB = 1e9 bytes)")
                 entry["busbw"] = metric(algbw * f if (algbw is not None and f is not None) else None,
                                         "GB/s", f"algbw x nccl-tests factor for {kind} with n={n}")
@@ -159,7 +189,7 @@ def metric_cal(trace_dir, workload_card_path=None, profile_mode="auto") -> dict:
         totals[r] = rank_time
         out[rank_key(r)] = {
             "mode": mode,
-            "source": "NCCL/RCCL GPU kernels" if mode == "gpu" else "record_param_comms CPU ops",
+            "source": "NCCL/RCCL GPU kernels" if mode == "gpu" else "CPU collective ranges",
             "total_time": metric(rank_time, "us", "summed duration of all collectives"),
             "collectives": dict(table),
         }

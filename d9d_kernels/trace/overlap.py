@@ -12,8 +12,9 @@ NCCL, not memcpy/memset, not ``*Sync``):
 * overlap % = |compute ∩ comm| / comm (HTA ``get_comm_comp_overlap``);
 * exposed communication = |comm \\ compute|.
 
-CPU mode (no GPU events, e.g. gloo): comm intervals are ``record_param_comms``
-CPU ops; compute intervals are the other ``cpu_op`` events on *other* threads
+CPU mode (no GPU events, e.g. gloo): comm intervals are the CPU collective ranges
+(``communication.collective_events``: ``gloo:all_reduce``-style ranges, else
+``record_param_comms``); compute intervals are the other ``cpu_op`` events on *other* threads
 (a collective blocks its own thread); overlap and exposed comm as above.
 """
 
@@ -35,6 +36,7 @@ from d9d_kernels.trace._common import (
 )
 from d9d_kernels.trace._load import KIND_CPU_OP, RankTrace
 from d9d_kernels.trace._result import metric, result
+from d9d_kernels.trace.communication import collective_events
 
 
 def temporal_breakdown(rt: RankTrace, step_filter: str = "hta", rounding: str = "hta") -> dict:
@@ -57,7 +59,7 @@ def temporal_breakdown(rt: RankTrace, step_filter: str = "hta", rounding: str = 
 
 
 def _cpu_breakdown(rt: RankTrace) -> dict:
-    comm_rows = np.flatnonzero(rt.is_comm & (rt.kind != 1))
+    comm_rows = np.array([ev["row"] for ev in collective_events(rt, "cpu")], dtype=np.int64)
     ops = np.flatnonzero((rt.kind == KIND_CPU_OP) & ~rt.is_comm)
     s, e = rt.ts, rt.ts + rt.dur
     comm_t = iv.total(s[comm_rows], e[comm_rows])
@@ -111,7 +113,7 @@ def metric_cal(trace_dir, workload_card_path=None, profile_mode="auto", step_fil
             b = _cpu_breakdown(rt)
             out[rank_key(r)] = {
                 "mode": "cpu",
-                "comm_time": metric(b["comm"], "us", "union of record_param_comms CPU ops"),
+                "comm_time": metric(b["comm"], "us", "union of CPU collective ranges"),
                 "overlap_time": metric(b["overlap"], "us",
                                        "comm time during which cpu_ops run on other threads"),
                 "overlap_pct": metric(_pct(b["overlap"], b["comm"]), "%", "overlap_time / comm_time"),
