@@ -6,7 +6,7 @@
 
 extern "C" {
 // Importing d9d_kernels._C runs the static TORCH_LIBRARY initialisers below.
-PyObject* PyInit__C(void) {
+PyMODINIT_FUNC PyInit__C(void) {
   static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr};
   return PyModule_Create(&module_def);
 }

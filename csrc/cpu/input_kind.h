@@ -1,0 +1,34 @@
+// INPUT_AUTO on CPU: "logits iff any valid pred of this call lies outside
+// [0, 1]" needs a pass of its own before any entry can be classified. It
+// stops at the first such pred (logits are found at once in practice).
+#pragma once
+
+#include <atomic>
+
+#include "../kernels/binary_stats.h"
+#include "common.h"
+
+namespace d9d {
+
+// Elementwise form: entries valid on their own (binary / multilabel).
+template <class T>
+bool any_logit_entries(const Strided2<T>& p, const Strided2<int64_t>& t, const Strided2<bool>& m, bool has_m,
+                       bool has_ignore, int64_t ignore_index, int64_t n, int64_t L, int64_t grain_rows) {
+  std::atomic<bool> found{false};
+  for_chunks(n, num_chunks(n, grain_rows), [&](int64_t, int64_t b, int64_t e) {
+    for (int64_t i = b; i < e && !found.load(std::memory_order_relaxed); ++i) {
+      for (int64_t j = 0; j < L; ++j) {
+        const int64_t tv = t(i, j);
+        if (!kept(!has_m || m(i, j), has_ignore, tv, ignore_index)) continue;
+        const double v = static_cast<double>(p(i, j));
+        if (binary_entry_ok(tv, v) && outside_unit(v)) {
+          found.store(true, std::memory_order_relaxed);
+          return;
+        }
+      }
+    }
+  });
+  return found.load();
+}
+
+}  // namespace d9d

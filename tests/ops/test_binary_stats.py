@@ -1,0 +1,107 @@
+"""binary_stats: every backend vs d9d_kernels.reference (counts exact)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from op_utils import FLOAT_DTYPES, assert_counts_equal, f64, noncontig, sprinkle
+
+import d9d_kernels as dk
+from d9d_kernels import reference
+from d9d_kernels.ops._common import as_index
+
+KINDS = [reference.INPUT_PROBS, reference.INPUT_LOGITS, reference.INPUT_AUTO]
+
+
+def run_and_compare(backend, preds, target, mask=None, *, threshold=0.5, ignore_index=None, input_kind=reference.INPUT_AUTO):
+    L = 1 if preds.dim() <= 1 else preds.shape[-1]
+    got, want = [f64(L, 4), f64(1)], [f64(L, 4), f64(1)]
+    dk.ops.binary_stats(preds, target, mask, state=got[0], bad=got[1], threshold=threshold, ignore_index=ignore_index,
+                        input_kind=input_kind, backend=backend)
+    rp = preds.reshape(-1, L)
+    if not rp.is_floating_point():
+        rp = rp.to(torch.float32)
+    rt = as_index("t", "target", target, target.device).reshape(-1, L)
+    rm = None if mask is None else torch.broadcast_to(mask, target.shape).reshape(-1, L)
+    kind = input_kind if preds.is_floating_point() else reference.INPUT_PROBS
+    reference.binary_stats(rp, rt, rm, threshold, ignore_index, kind, want[0], want[1])
+    assert_counts_equal(got[0], want[0], "state")
+    assert_counts_equal(got[1], want[1], "bad")
+    return got
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("shape", [(0,), (1,), (5, 123), (4000, 3), (70000,)])
+@pytest.mark.parametrize("kind", KINDS)
+def test_random(backend, dtype, shape, kind):
+    probs = torch.rand(shape).to(dtype)
+    logits = (torch.randn(shape) * 3).to(dtype)
+    target = torch.randint(0, 2, shape)
+    mask = torch.rand(shape) > 0.2
+    run_and_compare(backend, probs, target, mask, input_kind=kind, threshold=0.3)
+    got = run_and_compare(backend, logits, target, None, input_kind=kind)
+    assert got[0].sum().item() == target.numel()
+
+
+def test_auto_is_per_call_and_ignores_invalid_entries(backend):
+    # the only out-of-[0,1] pred is masked, ignored, or has a bad target: still probabilities
+    preds = torch.tensor([0.2, 0.7, 5.0, 0.9, -3.0, 0.6])
+    target = torch.tensor([0, 1, 1, 1, 2, -1])
+    mask = torch.tensor([True, True, False, True, True, True])
+    got = run_and_compare(backend, preds, target, mask, ignore_index=-1)
+    assert got[0].tolist() == [[2.0, 0.0, 1.0, 0.0]] and got[1].item() == 1
+    # one valid logit flips the whole call to sigmoid: 0.2 -> 0.55 is positive
+    got = run_and_compare(backend, torch.tensor([0.2, 1.5]), torch.tensor([0, 1]))
+    assert got[0].tolist() == [[1.0, 1.0, 0.0, 0.0]]
+
+
+def test_threshold_is_strict(backend):
+    got = run_and_compare(backend, torch.tensor([0.5, 0.5, 0.25]), torch.tensor([1, 0, 1]), input_kind=reference.INPUT_PROBS)
+    assert got[0].tolist() == [[0.0, 0.0, 1.0, 2.0]]
+
+
+def test_bad_entries(backend):
+    preds = sprinkle(torch.randn(300, 4) * 2, 0.05)
+    target = torch.randint(-1, 3, (300, 4))
+    target[0, 0] = 10**12
+    got = run_and_compare(backend, preds, target, ignore_index=-1)
+    assert got[1].item() > 0
+    run_and_compare(backend, preds, target.double() / 2)  # 0.5 targets: not whole, bad
+    run_and_compare(backend, preds, target, torch.zeros(300, 4, dtype=torch.bool))
+
+
+def test_integer_and_bool_inputs(backend):
+    preds = torch.randint(0, 2, (100, 3))
+    target = torch.randint(0, 2, (100, 3)).bool()
+    run_and_compare(backend, preds, target, input_kind=reference.INPUT_LOGITS)  # ints are always probabilities
+    run_and_compare(backend, preds.bool(), target.float())
+
+
+def test_noncontiguous_and_broadcast_mask(backend):
+    preds = noncontig(torch.randn(50, 7))
+    target = noncontig(torch.randint(0, 2, (50, 7)))
+    run_and_compare(backend, preds, target, torch.rand(50, 1) > 0.5)
+    run_and_compare(backend, preds.t(), target.t(), torch.rand(7, 1) > 0.5)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    n=st.integers(0, 40),
+    L=st.integers(1, 5),
+    kind=st.sampled_from(KINDS),
+    scale=st.sampled_from([0.5, 1.0, 4.0]),
+    threshold=st.sampled_from([0.0, 0.3, 0.5, 0.9]),
+    with_mask=st.booleans(),
+    ignore=st.sampled_from([None, -1, 0]),
+    seed=st.integers(0, 2**16),
+)
+def test_hypothesis(n, L, kind, scale, threshold, with_mask, ignore, seed):
+    g = torch.Generator().manual_seed(seed)
+    preds = torch.rand(n, L, generator=g, dtype=torch.float64) * scale
+    target = torch.randint(-1, 3, (n, L), generator=g)
+    mask = torch.rand(n, L, generator=g) > 0.3 if with_mask else None
+    for b in dk.ops.backends():
+        if b in ("cpp", "torch"):
+            run_and_compare(b, preds, target, mask, threshold=threshold, ignore_index=ignore, input_kind=kind)

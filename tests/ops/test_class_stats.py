@@ -1,0 +1,135 @@
+"""class_stats: every backend vs d9d_kernels.reference (counts exact, NLL to rounding)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from op_utils import FLOAT_DTYPES, assert_counts_equal, assert_sums_close, f64, noncontig, sprinkle
+
+import d9d_kernels as dk
+from d9d_kernels import reference
+
+
+def run_and_compare(backend, preds, target, mask=None, *, C, top_ks=(1,), nll=False, ignore_index=None, confmat=True):
+    K = len(top_ks)
+    mk = lambda: [f64(K, 3, C), f64(C, C) if confmat else None, f64(2), f64(1)]  # noqa: E731
+    got, want = mk(), mk()
+    dk.ops.class_stats(preds, target, mask, num_classes=C, stats=got[0], confmat=got[1], extras=got[2], bad=got[3],
+                       ignore_index=ignore_index, top_ks=top_ks, nll=nll, backend=backend)
+    n = target.numel()
+    scores = preds.is_floating_point()
+    rp = preds.reshape(n, C) if scores else preds.reshape(-1)
+    rm = None if mask is None else torch.broadcast_to(mask, target.shape).reshape(-1)
+    reference.class_stats(rp, target.reshape(-1), rm, C, ignore_index, list(top_ks), nll, want[0], want[1], want[2], want[3])
+    assert_counts_equal(got[0], want[0], "stats")
+    if confmat:
+        assert_counts_equal(got[1], want[1], "confmat")
+    assert_counts_equal(got[2][:1], want[2][:1], "extras[0]")
+    assert_counts_equal(got[3], want[3], "bad")
+    assert_sums_close(got[2][1:], want[2][1:], "nll")
+    return got
+
+
+@pytest.mark.parametrize(("n", "C"), [(0, 3), (1, 1), (123, 7), (5000, 1000), (150_000, 7), (150_000, 50)])
+def test_indices(backend, n, C):
+    preds = torch.randint(-1, C + 1, (n,))  # a few out of range: bad
+    target = torch.randint(-1, C + 1, (n,))
+    mask = torch.rand(n) > 0.2
+    got = run_and_compare(backend, preds, target, mask, C=C, ignore_index=C // 2)
+    assert got[2][0] + got[3][0] <= n
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("shape", [(0, 5), (1, 1), (5, 123), (300, 10), (3000, 37)])
+def test_scores(backend, dtype, shape):
+    n, C = shape
+    preds = torch.randn(n, C).to(dtype)
+    target = torch.randint(0, C, (n,))
+    top_ks = tuple(sorted({1, min(5, C), C}))
+    run_and_compare(backend, preds, target, torch.rand(n) > 0.1, C=C, top_ks=top_ks, nll=True)
+
+
+def test_ties_follow_lower_index_first(backend):
+    # every row is all-equal or has repeated maxima: argmax and top-k by lowest index
+    C = 6
+    preds = torch.tensor([[1.0] * C, [0, 2, 2, 1, 2, 0], [3, 3, 0, 0, 3, 3], [-1, -1, -1, -1, -1, 5.0]])
+    target = torch.tensor([0, 4, 5, 5])
+    got = run_and_compare(backend, preds, target, C=C, top_ks=(1, 2, 3, C), nll=True)
+    # argmax of row 1 is class 1 (first of the tied 2s): target 4 is not a top-1 hit
+    assert got[0][0, 0].tolist() == [1, 0, 0, 0, 0, 1]
+    # bfloat16 rounds many logits to equal values
+    preds = (torch.randn(500, 50) * 0.01).to(torch.bfloat16)
+    run_and_compare(backend, preds, torch.randint(0, 50, (500,)), C=50, top_ks=(1, 3, 10), nll=True)
+
+
+def test_bad_rows(backend):
+    C = 9
+    preds = sprinkle(torch.randn(200, C), 0.02)
+    target = torch.randint(-3, C + 3, (200,))
+    target[:5] = 10**12  # huge ids
+    target[5:10] = -(10**12)
+    target[10:20] = -100  # ignore_index
+    got = run_and_compare(backend, preds, target, C=C, top_ks=(1, 2), nll=True, ignore_index=-100)
+    assert got[3].item() > 10
+    assert torch.isfinite(got[2]).all()
+    got = run_and_compare(backend, torch.full((20,), 10**12), torch.zeros(20, dtype=torch.int64), C=C)
+    assert got[3].item() == 20 and got[2][0].item() == 0
+
+
+def test_all_masked_and_no_confmat(backend):
+    preds, target = torch.randn(64, 4), torch.randint(0, 4, (64,))
+    got = run_and_compare(backend, preds, target, torch.zeros(64, dtype=torch.bool), C=4, nll=True, confmat=False)
+    assert got[0].abs().sum().item() == 0 and got[2].abs().sum().item() == 0
+    run_and_compare(backend, preds, target, torch.tensor(True), C=4, top_ks=(4, 2), nll=True, confmat=False)
+
+
+def test_noncontiguous_and_batched(backend):
+    C = 11
+    preds = noncontig(torch.randn(3, 40, C))
+    target = torch.randint(0, C, (3, 40))
+    mask = torch.rand(3, 1) > 0.3
+    run_and_compare(backend, preds, target, mask, C=C, top_ks=(1, 3), nll=True)
+    run_and_compare(backend, noncontig(torch.randint(0, C, (3, 40))), target, mask, C=C)
+
+
+def test_large_k_sorts_the_row(backend):
+    # max(top_ks) above the insertion buffer (64) takes the partial-sort path
+    C = 150
+    preds = torch.randint(0, 20, (100, C)).to(torch.float32)  # many ties
+    run_and_compare(backend, preds, torch.randint(0, C, (100,)), C=C, top_ks=(1, 65, 149, C), nll=True)
+
+
+def test_nll_matches_cross_entropy(backend):
+    preds, target = torch.randn(257, 31, dtype=torch.float64) * 5, torch.randint(0, 31, (257,))
+    ex = f64(2)
+    dk.ops.class_stats(preds, target, num_classes=31, stats=f64(1, 3, 31), extras=ex, bad=f64(1), nll=True, backend=backend)
+    want = torch.nn.functional.cross_entropy(preds, target, reduction="sum")
+    torch.testing.assert_close(ex[1], want, rtol=1e-12, atol=0)
+    assert ex[0].item() == 257
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    n=st.integers(0, 60),
+    C=st.integers(1, 12),
+    use_scores=st.booleans(),
+    k_extra=st.integers(1, 12),
+    with_mask=st.booleans(),
+    ignore=st.sampled_from([None, 0, -1]),
+    lo_res=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_hypothesis(n, C, use_scores, k_extra, with_mask, ignore, lo_res, seed):
+    g = torch.Generator().manual_seed(seed)
+    target = torch.randint(-1, C + 1, (n,), generator=g)
+    mask = torch.rand(n, generator=g) > 0.3 if with_mask else None
+    if use_scores:
+        preds = torch.randint(0, 4, (n, C), generator=g).double() if lo_res else torch.randn(n, C, generator=g, dtype=torch.float64)
+        top_ks = tuple(sorted({1, min(k_extra, C)}))
+    else:
+        preds, top_ks = torch.randint(-1, C + 1, (n,), generator=g), (1,)
+    for b in dk.ops.backends():
+        if b in ("cpp", "torch"):
+            run_and_compare(b, preds, target, mask, C=C, top_ks=top_ks, nll=use_scores, ignore_index=ignore)

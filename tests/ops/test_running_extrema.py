@@ -1,0 +1,67 @@
+"""running_extrema: every backend vs d9d_kernels.reference (exact)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from op_utils import FLOAT_DTYPES, assert_counts_equal, f64, noncontig, sprinkle
+
+import d9d_kernels as dk
+from d9d_kernels import reference
+
+NEG_INF = float("-inf")
+
+
+def run_and_compare(backend, x, mask=None, skip_bad=False, state0=None):
+    state0 = f64(2, fill=NEG_INF) if state0 is None else state0
+    got, want = [state0.clone(), f64(1)], [state0.clone(), f64(1)]
+    dk.ops.running_extrema(x, mask, state=got[0], bad=got[1], skip_bad=skip_bad, backend=backend)
+    rm = None if mask is None else torch.broadcast_to(mask, x.shape).reshape(-1)
+    reference.running_extrema(x.reshape(-1), rm, skip_bad, want[0], want[1])
+    assert_counts_equal(got[0], want[0], "state")
+    assert_counts_equal(got[1], want[1], "bad")
+    return got
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("shape", [(0,), (1,), (5, 123), (70000,)])
+def test_random(backend, dtype, shape):
+    x = (torch.randn(shape) * 100).to(dtype)
+    got = run_and_compare(backend, x, torch.rand(shape) > 0.3)
+    run_and_compare(backend, x, state0=torch.tensor([5.0, -3.0], dtype=torch.float64))
+    if x.numel():
+        assert got[0][0].item() <= x.double().max().item()
+
+
+@pytest.mark.parametrize("skip_bad", [False, True])
+def test_nan_inf(backend, skip_bad):
+    x = sprinkle(torch.randn(5, 123, dtype=torch.float64))
+    got = run_and_compare(backend, x, torch.rand(5, 123) > 0.1, skip_bad=skip_bad)
+    assert torch.isnan(got[0]).all().item() != skip_bad
+    got = run_and_compare(backend, torch.tensor([1.0, float("inf"), -2.0]), skip_bad=skip_bad)
+    assert got[0].tolist() == [float("inf"), 2.0] and got[1].item() == 1
+    # a NaN state stays NaN (torch.maximum)
+    run_and_compare(backend, torch.tensor([1.0]), state0=torch.tensor([float("nan"), 0.0], dtype=torch.float64))
+
+
+def test_all_masked_and_noncontiguous(backend):
+    x = torch.randn(300)
+    got = run_and_compare(backend, x, torch.zeros(300, dtype=torch.bool))
+    assert got[0].tolist() == [NEG_INF, NEG_INF]
+    run_and_compare(backend, noncontig(torch.randn(7, 99)), torch.rand(1, 99) > 0.5)
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(0, 100), skip_bad=st.booleans(), with_mask=st.booleans(), bad_frac=st.sampled_from([0.0, 0.1, 1.0]),
+       seed=st.integers(0, 2**16))
+def test_hypothesis(n, skip_bad, with_mask, bad_frac, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, generator=g, dtype=torch.float64)
+    if bad_frac:
+        x = sprinkle(x, bad_frac)
+    mask = torch.rand(n, generator=g) > 0.5 if with_mask else None
+    for b in dk.ops.backends():
+        if b in ("cpp", "torch"):
+            run_and_compare(b, x, mask, skip_bad)

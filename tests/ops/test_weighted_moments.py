@@ -1,0 +1,136 @@
+"""weighted_moments: every backend vs d9d_kernels.reference on random and adversarial inputs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from op_utils import FLOAT_DTYPES, assert_counts_equal, assert_sums_close, f64, noncontig, sprinkle
+
+import d9d_kernels as dk
+from d9d_kernels import reference
+
+COUNT_SLOTS = [reference.MOMENTS["n"]]
+
+
+def run_and_compare(backend, x, y=None, w=None, mask=None, skip_bad=False, pivot=None, state0=None):
+    """Runs the op on `backend` and the reference on copies of the same state; compares."""
+    state0 = f64(9) if state0 is None else state0
+    got = [state0.clone(), f64(1), None if pivot is None else pivot.clone()]
+    want = [state0.clone(), f64(1), None if pivot is None else pivot.clone()]
+    dk.ops.weighted_moments(x, y, w, mask, state=got[0], bad=got[1], pivot=got[2], skip_bad=skip_bad, backend=backend)
+    # the reference sees what the wrapper hands the kernels: flat, one dtype
+    dt = x.dtype
+    for t in (y, w):
+        if t is not None:
+            dt = torch.promote_types(dt, t.dtype)
+    rx = x.reshape(-1).to(dt)
+    ry = None if y is None else y.reshape(-1).to(dt)
+    rw = None if w is None else torch.broadcast_to(w, x.shape).reshape(-1).to(dt)
+    rm = None if mask is None else torch.broadcast_to(mask, x.shape).reshape(-1)
+    reference.weighted_moments(rx, ry, rw, rm, skip_bad, want[0], want[1], want[2])
+    assert_counts_equal(got[1], want[1], "bad")
+    assert_counts_equal(got[0][COUNT_SLOTS], want[0][COUNT_SLOTS], "n")
+    assert_sums_close(got[0], want[0], "state")
+    if pivot is not None:
+        assert_counts_equal(got[2], want[2], "pivot")
+    return got
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("shape", [(0,), (1,), (5, 123), (1000,), (70000,)])
+@pytest.mark.parametrize("with_y", [False, True])
+def test_random(backend, dtype, shape, with_y):
+    x = (torch.randn(shape) * 3 + 1).to(dtype)
+    y = (torch.randn(shape)).to(dtype) if with_y else None
+    w = torch.rand(shape).to(dtype)
+    mask = torch.rand(shape) > 0.3
+    run_and_compare(backend, x, y, w, mask)
+    run_and_compare(backend, x, y, None, None, pivot=f64(2, fill=float("nan")))
+
+
+@pytest.mark.parametrize("skip_bad", [False, True])
+@pytest.mark.parametrize("with_y", [False, True])
+def test_nan_inf(backend, skip_bad, with_y):
+    shape = (5, 123)
+    x = sprinkle(torch.randn(shape, dtype=torch.float64))
+    y = sprinkle(torch.randn(shape, dtype=torch.float64)) if with_y else None
+    w = sprinkle(torch.rand(shape, dtype=torch.float64), 0.02)
+    got = run_and_compare(backend, x, y, w, torch.rand(shape) > 0.2, skip_bad=skip_bad, pivot=f64(2, fill=float("nan")))
+    assert got[1].item() > 0
+    assert torch.isnan(got[0][0]).item() != skip_bad  # propagate vs ignore
+
+
+def test_pivot_first_good_element(backend):
+    # the first elements are masked or non-finite: the pivot comes from index 3
+    x = torch.tensor([5.0, float("nan"), 7.0, 1e6 + 1, 1e6 + 2, 1e6 + 3], dtype=torch.float64)
+    y = torch.tensor([1.0, 2.0, float("inf"), 3.0, 4.0, 5.0], dtype=torch.float64)
+    mask = torch.tensor([False, True, True, True, True, True])
+    got = run_and_compare(backend, x, y, None, mask, skip_bad=True, pivot=f64(2, fill=float("nan")))
+    assert got[2].tolist() == [1e6 + 1, 3.0]
+    # a set pivot is left alone
+    got = run_and_compare(backend, x, y, None, mask, skip_bad=True, pivot=torch.tensor([2.0, float("nan")], dtype=torch.float64))
+    assert got[2].tolist() == [2.0, 3.0]
+    # no good element: pivot stays unset
+    got = run_and_compare(backend, x[:3], y[:3], None, mask[:3], pivot=f64(2, fill=float("nan")))
+    assert torch.isnan(got[2]).all()
+
+
+def test_pivot_keeps_variance_exact(backend):
+    x = 1e8 + torch.randn(10000, dtype=torch.float64)
+    st, bad, piv = f64(9), f64(1), f64(2, fill=float("nan"))
+    dk.ops.weighted_moments(x, state=st, bad=bad, pivot=piv, backend=backend)
+    var = st[2] / st[0] - (st[1] / st[0]) ** 2
+    torch.testing.assert_close(var, x.var(unbiased=False), rtol=1e-9, atol=0)
+
+
+def test_noncontiguous_and_broadcast(backend):
+    x = noncontig(torch.randn(4, 301))
+    y = noncontig(torch.randn(4, 301))
+    w = torch.tensor(2.5)  # scalar weight broadcast to x
+    mask = torch.rand(1, 301) > 0.5  # broadcast over rows
+    run_and_compare(backend, x, y, w, mask, pivot=f64(2, fill=float("nan")))
+
+
+def test_all_masked_and_mixed_dtypes(backend):
+    x = torch.randn(257, dtype=torch.float16)
+    y = torch.randn(257, dtype=torch.float64)
+    got = run_and_compare(backend, x, y, torch.rand(257, dtype=torch.bfloat16), torch.zeros(257, dtype=torch.bool))
+    assert got[0].abs().sum().item() == 0 and got[1].item() == 0
+    run_and_compare(backend, x, y, torch.rand(257, dtype=torch.bfloat16), None, state0=torch.arange(9, dtype=torch.float64))
+
+
+def test_direct_op_mixed_dtypes():
+    """torch.ops with mixed float dtypes (no wrapper) promotes like the wrapper."""
+    if "cpp" not in dk.ops.backends():
+        pytest.skip("no compiled extension")
+    x = torch.randn(100, dtype=torch.float16)
+    y = torch.randn(100, dtype=torch.float64)
+    got, want = f64(9), f64(9)
+    torch.ops.d9d_kernels.weighted_moments(x, y, None, None, False, got, f64(1), None)
+    reference.weighted_moments(x.double(), y, None, None, False, want, f64(1), None)
+    assert_sums_close(got, want)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    n=st.integers(0, 300),
+    with_y=st.booleans(),
+    with_w=st.booleans(),
+    with_mask=st.booleans(),
+    skip_bad=st.booleans(),
+    bad_frac=st.sampled_from([0.0, 0.1, 1.0]),
+    seed=st.integers(0, 2**16),
+)
+def test_hypothesis(n, with_y, with_w, with_mask, skip_bad, bad_frac, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, generator=g, dtype=torch.float64) * 10
+    if bad_frac and n:
+        x = sprinkle(x, bad_frac)
+    y = torch.randn(n, generator=g, dtype=torch.float64) if with_y else None
+    w = torch.rand(n, generator=g, dtype=torch.float64) if with_w else None
+    mask = torch.rand(n, generator=g) > 0.5 if with_mask else None
+    for b in dk.ops.backends():
+        if b in ("cpp", "torch"):
+            run_and_compare(b, x, y, w, mask, skip_bad=skip_bad, pivot=f64(2, fill=float("nan")))
