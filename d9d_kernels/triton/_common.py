@@ -1,0 +1,77 @@
+"""Helpers shared by the Triton kernels: op registration, block sizes, jit helpers."""
+
+from typing import Callable
+
+import torch
+import triton
+import triton.language as tl
+from triton.runtime.interpreter import InterpretedFunction
+
+
+@triton.jit
+def _probe():
+    pass
+
+
+# TRITON_INTERPRET=1 was set before `import triton`: kernels run in numpy on CPU tensors.
+INTERPRETED: bool = isinstance(_probe, InterpretedFunction)
+
+# Elements per program for 1-D kernels and per [rows, cols] tile for 2-D ones.
+# The interpreter pays ~2 ms per program instance, so it gets bigger tiles.
+BLOCK = 8192 if INTERPRETED else 1024
+TILE = 8192 if INTERPRETED else 2048
+
+
+def register(name: str, mutates_args: tuple[str, ...]) -> Callable:
+    """Registers a launcher as ``torch.ops.d9d_kernels.<name>``.
+
+    With compiled Triton this is ``torch.library.triton_op``: torch.compile
+    traces into the launcher and sees the kernels. Under ``TRITON_INTERPRET=1``
+    ``wrap_triton`` hands back the interpreted function itself, which would run
+    numpy on fake tensors while tracing; there the launcher is an opaque
+    ``torch.library.custom_op`` whose fake implementation does nothing (the ops
+    only mutate their state arguments and return None).
+    """
+
+    def dec(fn: Callable) -> Callable:
+        qualname = f"d9d_kernels::{name}"
+        if not INTERPRETED:
+            return torch.library.triton_op(qualname, fn, mutates_args=mutates_args)
+        op = torch.library.custom_op(qualname, fn, mutates_args=mutates_args)
+        op.register_fake(lambda *args, **kwargs: None)
+        return op
+
+    return dec
+
+
+def launch(kernel):
+    """``wrap_triton(kernel)`` so launches inside a triton_op are traceable."""
+    return torch.library.wrap_triton(kernel)
+
+
+def pow2(n: int) -> int:
+    return triton.next_power_of_2(max(int(n), 1))
+
+
+def as_u8(mask: torch.Tensor | None, dummy: torch.Tensor) -> torch.Tensor:
+    """Bool masks are read as uint8 (same bytes); ``dummy`` stands in for None."""
+    if mask is None:
+        return dummy
+    return mask.contiguous().view(torch.uint8)
+
+
+def loadable(t: torch.Tensor) -> torch.Tensor:
+    """Contiguous, with bool viewed as uint8 (Triton has no bool pointers in the interpreter)."""
+    t = t.contiguous()
+    return t.view(torch.uint8) if t.dtype == torch.bool else t
+
+
+@triton.jit
+def finite(x):
+    """True where x is neither NaN nor +-Inf."""
+    return tl.abs(x) < float("inf")
+
+
+@triton.jit
+def sigmoid(x):
+    return 1.0 / (1.0 + tl.exp(-x))

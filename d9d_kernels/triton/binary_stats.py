@@ -1,0 +1,120 @@
+"""Triton binary_stats: per-label tp / fp / tn / fn over ``[N, L]``.
+
+Design: a 2-D grid of ``[BLOCK_N, BLOCK_L]`` tiles; each program counts its
+tile in float64, reduces over rows and adds the 4 per-label counts with one
+vector ``tl.atomic_add`` each (not one atomic per element: with L = 1 every
+element would hit the same 4 addresses). ``threshold`` travels as a float64
+tensor: a Python float argument would be rounded to float32 by Triton.
+
+``INPUT_AUTO`` needs "any valid pred of the call lies outside [0, 1]" before
+anything is counted: ``outside_kernel`` computes it into an int32 flag first
+(one extra read of preds/target/mask, like the reference's ``any()``).
+"""
+
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from d9d_kernels.reference import INPUT_AUTO, INPUT_LOGITS
+from d9d_kernels.triton._common import TILE, as_u8, finite, launch, loadable, pow2, register, sigmoid
+
+
+@triton.jit
+def load_tile(p_ptr, t_ptr, m_ptr, n, L, ignore, HAS_M: tl.constexpr, HAS_IGNORE: tl.constexpr,
+              BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr):
+    """Tile of preds (float64), targets, kept entries and ok (kept, 0/1 target, finite pred)."""
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    cols = tl.program_id(1) * BLOCK_L + tl.arange(0, BLOCK_L)
+    offs = rows[:, None] * L + cols[None, :]
+    keep = (rows[:, None] < n) & (cols[None, :] < L)
+    p = tl.load(p_ptr + offs, mask=keep, other=0).to(tl.float64)
+    t = tl.load(t_ptr + offs, mask=keep, other=0)
+    if HAS_M:
+        keep = keep & (tl.load(m_ptr + offs, mask=keep, other=0) != 0)
+    if HAS_IGNORE:
+        keep = keep & (t != ignore)
+    ok = keep & ((t == 0) | (t == 1)) & finite(p)
+    return p, t, keep, ok, cols
+
+
+@triton.jit
+def outside_kernel(p_ptr, t_ptr, m_ptr, flag_ptr, n, L, ignore, HAS_M: tl.constexpr, HAS_IGNORE: tl.constexpr,
+                   BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr):
+    """flag = 1 if an ok entry's pred lies outside [0, 1] (INPUT_AUTO -> logits)."""
+    p, t, keep, ok, cols = load_tile(p_ptr, t_ptr, m_ptr, n, L, ignore, HAS_M, HAS_IGNORE, BLOCK_N, BLOCK_L)
+    out = ok & ((p < 0) | (p > 1))
+    tl.atomic_max(flag_ptr, tl.max(tl.max(out.to(tl.int32), 1), 0))
+
+
+@triton.jit
+def to_prob(p, flag_ptr, KIND: tl.constexpr):
+    """Probability per input_kind (0 probs, 1 logits, 2 auto from the flag)."""
+    if KIND == 1:
+        p = sigmoid(p)
+    elif KIND == 2:
+        p = tl.where(tl.load(flag_ptr) != 0, sigmoid(p), p)
+    return p
+
+
+@triton.jit
+def _binary_stats_kernel(p_ptr, t_ptr, m_ptr, flag_ptr, thr_ptr, state_ptr, bad_ptr, n, L, ignore,
+                         KIND: tl.constexpr, HAS_M: tl.constexpr, HAS_IGNORE: tl.constexpr,
+                         BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr):
+    p, t, keep, ok, cols = load_tile(p_ptr, t_ptr, m_ptr, n, L, ignore, HAS_M, HAS_IGNORE, BLOCK_N, BLOCK_L)
+    tl.atomic_add(bad_ptr, tl.sum(tl.sum((keep & ~ok).to(tl.float64), 1), 0))
+    pos = to_prob(p, flag_ptr, KIND) > tl.load(thr_ptr)
+    tpos = t == 1
+    lab = cols < L
+    out = state_ptr + cols * 4
+    tl.atomic_add(out + 0, tl.sum((ok & pos & tpos).to(tl.float64), 0), mask=lab)
+    tl.atomic_add(out + 1, tl.sum((ok & pos & ~tpos).to(tl.float64), 0), mask=lab)
+    tl.atomic_add(out + 2, tl.sum((ok & ~pos & ~tpos).to(tl.float64), 0), mask=lab)
+    tl.atomic_add(out + 3, tl.sum((ok & ~pos & tpos).to(tl.float64), 0), mask=lab)
+
+
+def tile_2d(L: int) -> tuple[int, int]:
+    """(BLOCK_N, BLOCK_L) for an [N, L] elementwise kernel."""
+    block_l = min(pow2(L), TILE)
+    return max(TILE // block_l, 1), block_l
+
+
+@register("binary_stats_triton", mutates_args=("state", "bad"))
+def _binary_stats_op(
+    preds: torch.Tensor,
+    target: torch.Tensor,
+    mask: Optional[torch.Tensor],
+    threshold: float,
+    ignore_index: Optional[int],
+    input_kind: int,
+    state: torch.Tensor,
+    bad: torch.Tensor,
+) -> None:
+    L = state.shape[0]
+    kind = input_kind if preds.is_floating_point() else 0
+    preds = loadable(preds.reshape(-1, L))
+    n = preds.shape[0]
+    if n == 0:
+        return
+    target = loadable(target.reshape(-1, L))
+    m = as_u8(None if mask is None else mask.reshape(-1, L), target)
+    block_n, block_l = tile_2d(L)
+    grid = (triton.cdiv(n, block_n), triton.cdiv(L, block_l))
+    common = dict(HAS_M=mask is not None, HAS_IGNORE=ignore_index is not None, BLOCK_N=block_n, BLOCK_L=block_l)
+    ignore = 0 if ignore_index is None else int(ignore_index)
+    flag = torch.zeros(1, dtype=torch.int32, device=preds.device)
+    if kind == INPUT_AUTO:
+        launch(outside_kernel)[grid](preds, target, m, flag, n, L, ignore, **common)
+    thr = torch.full((1,), threshold, dtype=torch.float64, device=preds.device)
+    launch(_binary_stats_kernel)[grid](preds, target, m, flag, thr, state, bad, n, L, ignore, KIND=kind, **common)
+
+
+def binary_stats(preds, target, mask, threshold, ignore_index, input_kind, state, bad) -> None:
+    """Triton launcher with ``reference.binary_stats``'s arguments (adds into state in place)."""
+    torch.ops.d9d_kernels.binary_stats_triton(
+        preds, target, mask, float(threshold), ignore_index, int(input_kind), state, bad
+    )
+
+
+assert INPUT_LOGITS == 1 and INPUT_AUTO == 2  # the KIND constants in to_prob

@@ -1,0 +1,175 @@
+"""Triton class_stats: multiclass tp / predicted / target counts, confmat, NLL.
+
+Two kernels:
+
+* ``_index_kernel`` (preds are class indices ``[N]``): elementwise, one
+  ``tl.atomic_add`` per row and slot.
+* ``_scores_kernel`` (preds are scores ``[N, C]``): one program per
+  ``BLOCK_N`` rows reads each row once, in ``BLOCK_C`` tiles, and carries per
+  row: the top-``KMAX`` (value, index) pairs in rank order, the
+  "all finite" flag and, for the NLL, an online log-sum-exp (running max and
+  rescaled sum of exp; no softmax tensor). Ranks follow the reference's total
+  order: j ranks ahead of i iff ``s_j > s_i or (s_j == s_i and j < i)``; the
+  top-k merge picks, ``KMAX`` times, the best (tile + carried) candidate
+  strictly behind the previous pick, so ties go to the lower index and
+  ``argmax`` is pick 0. Counts then go to ``stats`` / ``confmat`` with
+  per-row atomics (per k: target slot, the k predicted slots, the hit).
+
+Cost per tile is O(KMAX * (BLOCK_C + KP)): meant for small k (top-1/5/10).
+"""
+
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from d9d_kernels.triton._common import BLOCK, TILE, as_u8, finite, launch, pow2, register
+
+
+@triton.jit
+def _rows_kept(t_ptr, m_ptr, rows, n, C, ignore, HAS_M: tl.constexpr, HAS_IGNORE: tl.constexpr):
+    """Target, rows kept by mask / ignore_index, and 'target in [0, C)'."""
+    inb = rows < n
+    t = tl.load(t_ptr + rows, mask=inb, other=0)
+    keep = inb
+    if HAS_M:
+        keep = keep & (tl.load(m_ptr + rows, mask=inb, other=0) != 0)
+    if HAS_IGNORE:
+        keep = keep & (t != ignore)
+    return t, keep, (t >= 0) & (t < C)
+
+
+@triton.jit
+def _index_kernel(p_ptr, t_ptr, m_ptr, stats_ptr, confmat_ptr, extras_ptr, bad_ptr, n, C, ignore,
+                  HAS_M: tl.constexpr, HAS_IGNORE: tl.constexpr, HAS_CONFMAT: tl.constexpr, BLOCK: tl.constexpr):
+    rows = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    t, keep, t_in = _rows_kept(t_ptr, m_ptr, rows, n, C, ignore, HAS_M, HAS_IGNORE)
+    p = tl.load(p_ptr + rows, mask=rows < n, other=0)
+    ok = keep & t_in & (p >= 0) & (p < C)
+    tl.atomic_add(bad_ptr, tl.sum((keep & ~ok).to(tl.float64), 0))
+    tl.atomic_add(extras_ptr, tl.sum(ok.to(tl.float64), 0))
+    tl.atomic_add(stats_ptr + t, 1.0, mask=ok & (p == t))
+    tl.atomic_add(stats_ptr + C + p, 1.0, mask=ok)
+    tl.atomic_add(stats_ptr + 2 * C + t, 1.0, mask=ok)
+    if HAS_CONFMAT:
+        tl.atomic_add(confmat_ptr + t * C + p, 1.0, mask=ok)
+
+
+@triton.jit
+def _merge_topk(bv, bi, x, cols, KMAX: tl.constexpr, KP: tl.constexpr, BIG: tl.constexpr):
+    """Top-KMAX (value, index) of the carried pairs (bv, bi) and the tile (x, cols), in rank order."""
+    kcol = tl.arange(0, KP)[None, :]
+    nv = tl.full(bv.shape, -float("inf"), tl.float64)
+    ni = tl.full(bi.shape, BIG, tl.int64)
+    prev_v = tl.full([bv.shape[0]], float("inf"), tl.float64)
+    prev_i = tl.full([bv.shape[0]], -1, tl.int64)
+    for m in range(KMAX):
+        # candidates ranked strictly behind the previous pick
+        cb = (bv < prev_v[:, None]) | ((bv == prev_v[:, None]) & (bi > prev_i[:, None]))
+        ct = (x < prev_v[:, None]) | ((x == prev_v[:, None]) & (cols > prev_i[:, None]))
+        v = tl.maximum(tl.max(tl.where(cb, bv, -float("inf")), 1), tl.max(tl.where(ct, x, -float("inf")), 1))
+        i = tl.minimum(tl.min(tl.where(cb & (bv == v[:, None]), bi, BIG), 1),
+                       tl.min(tl.where(ct & (x == v[:, None]), cols, BIG), 1))
+        nv = tl.where(kcol == m, v[:, None], nv)
+        ni = tl.where(kcol == m, i[:, None], ni)
+        prev_v = v
+        prev_i = i
+    return nv, ni
+
+
+@triton.jit
+def _scores_kernel(s_ptr, t_ptr, m_ptr, ks_ptr, stats_ptr, confmat_ptr, extras_ptr, bad_ptr, n, C, ignore,
+                   HAS_M: tl.constexpr, HAS_IGNORE: tl.constexpr, HAS_CONFMAT: tl.constexpr, NLL: tl.constexpr,
+                   K: tl.constexpr, KMAX: tl.constexpr, KP: tl.constexpr,
+                   BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr):
+    BIG: tl.constexpr = 2**62
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    inb = rows < n
+    t, keep, t_in = _rows_kept(t_ptr, m_ptr, rows, n, C, ignore, HAS_M, HAS_IGNORE)
+    bv = tl.full([BLOCK_N, KP], -float("inf"), tl.float64)
+    bi = tl.full([BLOCK_N, KP], BIG, tl.int64)
+    n_bad = tl.zeros([BLOCK_N], tl.int32)
+    mx = tl.full([BLOCK_N], -float("inf"), tl.float64)
+    se = tl.zeros([BLOCK_N], tl.float64)
+    for c0 in range(0, C, BLOCK_C):
+        cols = (c0 + tl.arange(0, BLOCK_C)).to(tl.int64)[None, :]
+        ld = inb[:, None] & (cols < C)
+        x = tl.load(s_ptr + rows[:, None] * C + cols, mask=ld, other=0).to(tl.float64)
+        n_bad += tl.sum((ld & ~finite(x)).to(tl.int32), 1)
+        x = tl.where(ld & finite(x), x, -float("inf"))  # padding never outranks a real (finite) score
+        cols = tl.where(ld, cols, BIG)
+        bv, bi = _merge_topk(bv, bi, x, cols, KMAX, KP, BIG)
+        if NLL:
+            new_mx = tl.maximum(mx, tl.max(x, 1))
+            safe = tl.where(new_mx == -float("inf"), 0.0, new_mx)
+            se = se * tl.exp(mx - safe) + tl.sum(tl.exp(x - safe[:, None]), 1)
+            mx = new_mx
+    ok = keep & t_in & (n_bad == 0)
+    t = tl.where(ok, t, 0)
+    tl.atomic_add(bad_ptr, tl.sum((keep & ~ok).to(tl.float64), 0))
+    tl.atomic_add(extras_ptr, tl.sum(ok.to(tl.float64), 0))
+    if NLL:
+        s_t = tl.load(s_ptr + rows * C + t, mask=ok, other=0).to(tl.float64)
+        tl.atomic_add(extras_ptr + 1, tl.sum(tl.where(ok, mx + tl.log(tl.where(ok, se, 1.0)) - s_t, 0.0), 0))
+    kcol = tl.arange(0, KP)[None, :]
+    bi = tl.where(ok[:, None] & (kcol < KMAX), bi, 0)
+    for j in range(K):
+        k = tl.load(ks_ptr + j)
+        top = ok[:, None] & (kcol < k)
+        hit = tl.max((top & (bi == t[:, None])).to(tl.int32), 1) > 0
+        base = stats_ptr + j * 3 * C
+        tl.atomic_add(base + t, 1.0, mask=ok & hit)
+        tl.atomic_add(base + C + bi, 1.0, mask=top)
+        tl.atomic_add(base + 2 * C + t, 1.0, mask=ok)
+    if HAS_CONFMAT:
+        argmax = tl.sum(tl.where(kcol == 0, bi, 0), 1)
+        tl.atomic_add(confmat_ptr + t * C + argmax, 1.0, mask=ok)
+
+
+@register("class_stats_triton", mutates_args=("stats", "confmat", "extras", "bad"))
+def _class_stats_op(
+    preds: torch.Tensor,
+    target: torch.Tensor,
+    mask: Optional[torch.Tensor],
+    num_classes: int,
+    ignore_index: Optional[int],
+    top_ks: list[int],
+    nll: bool,
+    stats: torch.Tensor,
+    confmat: Optional[torch.Tensor],
+    extras: torch.Tensor,
+    bad: torch.Tensor,
+) -> None:
+    C = num_classes
+    target = target.reshape(-1).contiguous()
+    n = target.shape[0]
+    if n == 0:
+        return
+    m = as_u8(None if mask is None else mask.reshape(-1), target)
+    cm = stats if confmat is None else confmat
+    ignore = 0 if ignore_index is None else int(ignore_index)
+    common = dict(HAS_M=mask is not None, HAS_IGNORE=ignore_index is not None, HAS_CONFMAT=confmat is not None)
+    if not preds.is_floating_point():
+        preds = preds.reshape(-1).contiguous()
+        launch(_index_kernel)[(triton.cdiv(n, BLOCK),)](
+            preds, target, m, stats, cm, extras, bad, n, C, ignore, BLOCK=BLOCK, **common
+        )
+        return
+    preds = preds.reshape(n, C).contiguous()
+    ks = torch.tensor(top_ks, dtype=torch.int64, device=preds.device)
+    kmax = max(top_ks)
+    block_c = min(pow2(C), max(TILE // 16, 16))
+    block_n = max(TILE // block_c, 1)
+    launch(_scores_kernel)[(triton.cdiv(n, block_n),)](
+        preds, target, m, ks, stats, cm, extras, bad, n, C, ignore,
+        NLL=bool(nll), K=len(top_ks), KMAX=kmax, KP=pow2(kmax), BLOCK_N=block_n, BLOCK_C=block_c, **common,
+    )
+
+
+def class_stats(preds, target, mask, num_classes, ignore_index, top_ks, nll, stats, confmat, extras, bad) -> None:
+    """Triton launcher with ``reference.class_stats``'s arguments (adds into the state in place)."""
+    torch.ops.d9d_kernels.class_stats_triton(
+        preds, target, mask, int(num_classes), ignore_index, [int(k) for k in top_ks], bool(nll),
+        stats, confmat, extras, bad,
+    )

@@ -1,0 +1,147 @@
+"""Triton weighted_moments: Σw, Σw·dx, Σw·dx², Σw·dy, Σw·dy², Σw·dx·dy, Σw|x-y|, Σw(x-y)², n.
+
+Design: each program reduces one block of elements in float64 and adds its 9
+partial sums (and its bad count) into ``state`` with ``tl.atomic_add``: one
+pass over the data, ~10 scalar atomics per program. Summation order across
+programs is therefore not fixed on GPU (results agree with the reference to
+float64 rounding; counts are exact).
+
+Pivots (``pivot`` given): ``_first_good_kernel`` finds the first valid element
+whose x, y, w are all finite (``atomic_min`` of its index); its loads are
+masked off when the pivot is already set, so in steady state it reads
+nothing. ``_moments_kernel`` then sums about ``isnan(p) ? x[first] : p`` and
+``_set_pivot_kernel`` (one program) stores the pivot afterwards, so no
+program reads a pivot while another writes it.
+"""
+
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from d9d_kernels.triton._common import BLOCK, as_u8, finite, launch, register
+
+
+@triton.jit
+def _load_row(x_ptr, y_ptr, w_ptr, m_ptr, offs, inb, HAS_Y: tl.constexpr, HAS_W: tl.constexpr, HAS_M: tl.constexpr):
+    """x, y, w as float64, the mask, and 'x, y, w all finite'."""
+    valid = inb
+    if HAS_M:
+        valid = valid & (tl.load(m_ptr + offs, mask=inb, other=0) != 0)
+    x = tl.load(x_ptr + offs, mask=inb, other=0).to(tl.float64)
+    fin = finite(x)
+    if HAS_W:
+        w = tl.load(w_ptr + offs, mask=inb, other=0).to(tl.float64)
+        fin = fin & finite(w)
+    else:
+        w = tl.full(x.shape, 1.0, tl.float64)
+    if HAS_Y:
+        y = tl.load(y_ptr + offs, mask=inb, other=0).to(tl.float64)
+        fin = fin & finite(y)
+    else:
+        y = x
+    return x, y, w, valid, fin
+
+
+@triton.jit
+def _first_good_kernel(x_ptr, y_ptr, w_ptr, m_ptr, pivot_ptr, first_ptr, n,
+                       HAS_Y: tl.constexpr, HAS_W: tl.constexpr, HAS_M: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    px = tl.load(pivot_ptr)
+    unset = px != px
+    if HAS_Y:
+        py = tl.load(pivot_ptr + 1)
+        unset = unset | (py != py)
+    inb = offs < tl.where(unset, n, 0)  # nothing is read once the pivots are set
+    x, y, w, valid, fin = _load_row(x_ptr, y_ptr, w_ptr, m_ptr, offs, inb, HAS_Y, HAS_W, HAS_M)
+    tl.atomic_min(first_ptr, tl.min(tl.where(valid & fin, offs, n), 0))
+
+
+@triton.jit
+def _pivot(pivot_ptr, x_ptr, first, has, slot: tl.constexpr):
+    """Pivot in force for this call: the stored one, else x[first] (0 if none)."""
+    p = tl.load(pivot_ptr + slot)
+    x0 = tl.load(x_ptr + first).to(tl.float64)
+    return tl.where(p != p, tl.where(has, x0, 0.0), p)
+
+
+@triton.jit
+def _moments_kernel(x_ptr, y_ptr, w_ptr, m_ptr, pivot_ptr, first_ptr, state_ptr, bad_ptr, n,
+                    SKIP_BAD: tl.constexpr, HAS_Y: tl.constexpr, HAS_W: tl.constexpr, HAS_M: tl.constexpr,
+                    HAS_PIVOT: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    x, y, w, valid, fin = _load_row(x_ptr, y_ptr, w_ptr, m_ptr, offs, offs < n, HAS_Y, HAS_W, HAS_M)
+    tl.atomic_add(bad_ptr, tl.sum((valid & ~fin).to(tl.float64), 0))
+    use = valid & fin if SKIP_BAD else valid
+    px = 0.0
+    py = 0.0
+    if HAS_PIVOT:
+        first = tl.minimum(tl.load(first_ptr), n - 1)
+        has = tl.load(first_ptr) < n
+        px = _pivot(pivot_ptr, x_ptr, first, has, 0)
+        if HAS_Y:
+            py = _pivot(pivot_ptr, y_ptr, first, has, 1)
+    wu = tl.where(use, w, 0.0)
+    dx = tl.where(use, x - px, 0.0)
+    tl.atomic_add(state_ptr + 0, tl.sum(wu, 0))
+    tl.atomic_add(state_ptr + 1, tl.sum(wu * dx, 0))
+    tl.atomic_add(state_ptr + 2, tl.sum(wu * dx * dx, 0))
+    if HAS_Y:
+        dy = tl.where(use, y - py, 0.0)
+        diff = tl.where(use, x - y, 0.0)
+        tl.atomic_add(state_ptr + 3, tl.sum(wu * dy, 0))
+        tl.atomic_add(state_ptr + 4, tl.sum(wu * dy * dy, 0))
+        tl.atomic_add(state_ptr + 5, tl.sum(wu * dx * dy, 0))
+        tl.atomic_add(state_ptr + 6, tl.sum(wu * tl.abs(diff), 0))
+        tl.atomic_add(state_ptr + 7, tl.sum(wu * diff * diff, 0))
+    tl.atomic_add(state_ptr + 8, tl.sum(use.to(tl.float64), 0))
+
+
+@triton.jit
+def _set_pivot_kernel(x_ptr, y_ptr, pivot_ptr, first_ptr, n, HAS_Y: tl.constexpr):
+    first = tl.minimum(tl.load(first_ptr), n - 1)
+    has = tl.load(first_ptr) < n
+    px = tl.load(pivot_ptr)
+    tl.store(pivot_ptr, tl.where((px != px) & has, tl.load(x_ptr + first).to(tl.float64), px))
+    if HAS_Y:
+        py = tl.load(pivot_ptr + 1)
+        tl.store(pivot_ptr + 1, tl.where((py != py) & has, tl.load(y_ptr + first).to(tl.float64), py))
+
+
+@register("weighted_moments_triton", mutates_args=("state", "bad", "pivot"))
+def _weighted_moments_op(
+    x: torch.Tensor,
+    y: Optional[torch.Tensor],
+    weights: Optional[torch.Tensor],
+    mask: Optional[torch.Tensor],
+    skip_bad: bool,
+    state: torch.Tensor,
+    bad: torch.Tensor,
+    pivot: Optional[torch.Tensor],
+) -> None:
+    n = x.numel()
+    if n == 0:
+        return
+    x = x.contiguous()
+    y = x if y is None else y.contiguous()
+    w = x if weights is None else weights.contiguous()
+    m = as_u8(mask, x)
+    flags = dict(HAS_Y=y is not x, HAS_W=weights is not None, HAS_M=mask is not None)
+    grid = (triton.cdiv(n, BLOCK),)
+    if pivot is not None:
+        first = torch.full((1,), n, dtype=torch.int64, device=x.device)
+        launch(_first_good_kernel)[grid](x, y, w, m, pivot, first, n, BLOCK=BLOCK, **flags)
+    else:
+        first = pivot = state  # unused when HAS_PIVOT=False
+    launch(_moments_kernel)[grid](
+        x, y, w, m, pivot, first, state, bad, n,
+        SKIP_BAD=bool(skip_bad), HAS_PIVOT=pivot is not state, BLOCK=BLOCK, **flags,
+    )
+    if pivot is not state:
+        launch(_set_pivot_kernel)[(1,)](x, y, pivot, first, n, HAS_Y=flags["HAS_Y"])
+
+
+def weighted_moments(x, y, weights, mask, skip_bad, state, bad, pivot=None) -> None:
+    """Triton launcher with ``reference.weighted_moments``'s arguments (adds into state in place)."""
+    torch.ops.d9d_kernels.weighted_moments_triton(x, y, weights, mask, bool(skip_bad), state, bad, pivot)
