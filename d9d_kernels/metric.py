@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import hashlib
 import inspect
-import itertools
+import json
 import math
 from typing import Any, Callable
 
@@ -63,7 +63,6 @@ __all__ = ["Metric", "NAN_STRATEGIES", "HostValues"]
 
 NAN_STRATEGIES = ("propagate", "ignore", "error")
 _CUSTOM = "_custom"
-_TAGS = itertools.count()
 
 
 def _numel(shape) -> int:
@@ -232,22 +231,23 @@ class _Storage:
         self.dirty = False
 
     def _handshake(self, ctx) -> None:
-        key = (id(ctx.group) if getattr(ctx, "group", None) is not None else None, ctx.world_size, ctx.rank)
+        key = ctx.cache_key
         state = self.handshakes.get(key)
         if state == "done":
             return
         if state is None:
+            # the full schema text (not a hash) so the error shows the first difference
             ctx.check_same(
-                f"d9d_kernels.metric.schema.{next(_TAGS)}",
-                self.layout.fingerprint,
+                "d9d_kernels.metric.schema",
+                self.layout.schema,
                 f"metric schema of {self.label} (members, order, statistics, slot shapes)",
             )
         settled = True
         rep_idx = [j for j in range(len(self.layout.stats)) if self.layout.has_replica(j)]
         if rep_idx:
             # host read of the (small) REPLICA buffer: handshake only, not per step
-            mine = self.local[REPLICA].tolist()
-            reps = ctx.exchange(f"d9d_kernels.metric.replica.{next(_TAGS)}", mine)
+            mine = json.dumps(self.local[REPLICA].tolist())
+            reps = [json.loads(r) for r in ctx.exchange("d9d_kernels.metric.replica", mine)]
             bufs = [{REPLICA: torch.tensor(r, dtype=torch.float64, device=self.device)} for r in reps]
             for j in rep_idx:
                 stat = self.layout.stats[j]

@@ -1,0 +1,200 @@
+"""Distributed sync on real gloo ranks: results, collective counts, async, errors."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import d9d_kernels as dk
+from tests.dist_utils import run_distributed, run_distributed_expect_errors
+
+N_TOTAL = 103  # uneven shards
+
+
+def _shards(world):
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(N_TOTAL, generator=g, dtype=torch.float64) * 5 + 1e6  # far from 0: pivots matter
+    w = torch.rand(N_TOTAL, generator=g, dtype=torch.float64) + 0.1
+    cuts = [0] + sorted(torch.randperm(N_TOTAL - 1, generator=g)[: world - 1].add(1).tolist()) + [N_TOTAL]
+    return x, w, [(cuts[r], cuts[r + 1]) for r in range(world)]
+
+
+def _spy():
+    """Counts every collective call (patched on torch.distributed and c10d)."""
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    calls = []
+    names = ["all_reduce", "all_reduce_coalesced", "all_gather", "all_gather_into_tensor", "all_gather_object",
+             "broadcast", "broadcast_object_list", "reduce", "reduce_scatter", "reduce_scatter_tensor",
+             "all_to_all", "all_to_all_single", "barrier", "gather", "scatter"]
+    for name in names:
+        for mod in (dist, c10d):
+            orig = getattr(mod, name, None)
+            if orig is None or getattr(orig, "_spied", False):
+                continue
+
+            def wrap(*a, _orig=orig, _name=name, **k):
+                calls.append(_name)
+                return _orig(*a, **k)
+
+            wrap._spied = True
+            setattr(mod, name, wrap)
+    return calls
+
+
+def _group():
+    return dk.MetricGroup({"sum": dk.SumMetric(), "mean": dk.WeightedMeanMetric(),
+                           "max": dk.MaxMetric(), "min": dk.MinMetric()})
+
+
+def _feed(g, x, w, pad):
+    """Feeds a shard plus `pad` padded (masked) duplicates, in two chunks."""
+    xp = torch.cat([x, x[:pad] * 0 + 1e9])
+    wp = torch.cat([w, w[:pad]])
+    mask = torch.arange(len(xp)) < len(x)
+    h = len(xp) // 2
+    for sl in (slice(0, h), slice(h, None)):
+        g["sum"].update(xp[sl], weights=wp[sl], mask=mask[sl])
+        g["mean"].update(values=xp[sl], weights=wp[sl], mask=mask[sl])
+        g["max"].update(xp[sl], mask=mask[sl])
+        g["min"].update(xp[sl], weights=wp[sl], mask=mask[sl])
+
+
+def _aggregation_worker(rank, world):
+    x, w, shards = _shards(world)
+    a, b = shards[rank]
+    g = _group()
+    _feed(g, x[a:b], w[a:b], pad=2)
+    calls = _spy()
+    g.trigger_sync(dk.DistributedContext())
+    g.wait_sync()
+    first = {k: v.item() for k, v in g.compute().items()}
+    n_first = len(calls)
+    # async semantics: updates between trigger and wait are kept for the next sync
+    g.trigger_sync()
+    g["sum"].update(float(rank + 1))
+    g.wait_sync()
+    stale = g.compute()["sum"].item()
+    g.trigger_sync()
+    g.wait_sync()
+    return first, n_first, len(calls), stale, g.compute()["sum"].item()
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_aggregation_equals_single_process(world):
+    out = run_distributed(_aggregation_worker, world)
+    x, w, _ = _shards(world)
+    exp_sum = math.fsum((x * w).tolist())
+    exp = {"sum": exp_sum, "mean": exp_sum / math.fsum(w.tolist()), "max": x.max().item(), "min": x.min().item()}
+    # single process on the concatenated data gives the same
+    single = _group()
+    _feed(single, x, w, pad=0)
+    for r, (first, n_first, n_all, stale, final) in enumerate(out):
+        for k, v in exp.items():
+            assert first[k] == pytest.approx(v, rel=1e-13), (r, k)
+            assert single[k].compute().item() == pytest.approx(v, rel=1e-13)
+        assert n_first == 2, "SUM + MAX buffers: exactly 2 collectives per sync"
+        assert n_all == 6
+        assert stale == pytest.approx(exp_sum, rel=1e-13)
+        assert final == pytest.approx(exp_sum + world * (world + 1) / 2, rel=1e-13)
+
+
+def _count_worker(rank, world, with_max):
+    metrics = {f"s{i}": dk.SumMetric() for i in range(10)}
+    metrics.update({f"m{i}": dk.WeightedMeanMetric() for i in range(10)})
+    if with_max:
+        metrics["peak"] = dk.MaxMetric()
+    g = dk.MetricGroup(metrics)
+    for i in range(10):
+        g[f"s{i}"].update(torch.full((rank + 2,), float(i)))
+        g[f"m{i}"].update(float(i + rank), weights=float(rank + 1))
+    if with_max:
+        g["peak"].update(torch.tensor([float(rank)]))
+    calls = _spy()
+    counts = []
+    for _ in range(2):
+        before = len(calls)
+        g.trigger_sync()
+        g.wait_sync()
+        counts.append(len(calls) - before)
+    return counts, {k: v.item() for k, v in g.compute().items()}
+
+
+@pytest.mark.parametrize("with_max", [False, True])
+def test_collective_count_per_sync(with_max):
+    world = 2
+    out = run_distributed(_count_worker, world, with_max)
+    for counts, vals in out:
+        assert counts == ([2, 2] if with_max else [1, 1])
+        for i in range(10):
+            assert vals[f"s{i}"] == i * sum(r + 2 for r in range(world))
+            num = sum((i + r) * (r + 1) for r in range(world))
+            assert vals[f"m{i}"] == pytest.approx(num / sum(r + 1 for r in range(world)))
+        if with_max:
+            assert vals["peak"] == world - 1
+
+
+def _mismatch_worker(rank, world):
+    members = {"a": dk.SumMetric(), "b": dk.WeightedMeanMetric()}
+    if rank == 1:
+        members = {"b": dk.WeightedMeanMetric(), "a": dk.SumMetric()}  # other order
+    g = dk.MetricGroup(members)
+    g["a"].update(1.0)
+    g.trigger_sync(dk.DistributedContext(timeout=20))
+    g.wait_sync()
+    return g.compute()["a"].item()
+
+
+def test_mismatched_groups_raise_on_every_rank():
+    out = run_distributed_expect_errors(_mismatch_worker, 2, timeout=60)
+    for r in range(2):
+        status, msg = out[r]
+        assert status == "error", (r, msg)
+        assert msg.startswith("ValueError") and "schema" in msg, msg
+
+
+def _absent_worker(rank, world):
+    g = dk.MetricGroup({"a": dk.SumMetric()})
+    g["a"].update(1.0)
+    if rank == 1:
+        return "skipped"  # never syncs
+    g.trigger_sync(dk.DistributedContext(timeout=3))
+    g.wait_sync()
+    return g.compute()["a"].item()
+
+
+def test_rank_that_never_syncs_raises_no_hang():
+    out = run_distributed_expect_errors(_absent_worker, 2, timeout=60)
+    assert out[1] == ("ok", "skipped")
+    status, msg = out[0]
+    assert status == "error" and ("timeout" in msg or "did not" in msg), msg
+
+
+def _pivot_worker(rank, world):
+    # rank 0 sees nothing before the first sync; pivots differ otherwise
+    m = dk.WeightedMeanMetric()
+    x = torch.tensor([1e9 + rank * 7.0, 1e9 - 3.0 * rank, 1e9 + 0.5], dtype=torch.float64)
+    if rank > 0:
+        m.update(x + rank * 1e3)
+    m.trigger_sync()
+    m.wait_sync()
+    first = m.compute().item()
+    m.update(x)  # rank 0 now uses the adopted pivot
+    m.trigger_sync()
+    m.wait_sync()
+    return first, m.compute().item(), m._storage.local["replica"].tolist()
+
+
+def test_pivots_aligned_across_ranks():
+    world = 3
+    out = run_distributed(_pivot_worker, world)
+    xs = lambda r: [1e9 + r * 7.0, 1e9 - 3.0 * r, 1e9 + 0.5]  # noqa: E731
+    first = [v + r * 1e3 for r in range(1, world) for v in xs(r)]
+    second = first + [v for r in range(world) for v in xs(r)]
+    for f, s, piv in out:
+        assert f == pytest.approx(math.fsum(first) / len(first), rel=1e-15)
+        assert s == pytest.approx(math.fsum(second) / len(second), rel=1e-15)
+        assert piv[0] == out[0][2][0] == 1e9 + 1e3 + 7.0  # lowest rank that had one: rank 1
