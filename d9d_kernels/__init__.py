@@ -5,6 +5,7 @@ extension (see ``d9d_kernels.ops.backends()``).
 """
 
 from d9d_kernels import _extension, ops, reference  # noqa: F401
+from d9d_kernels import functional  # noqa: F401
 from d9d_kernels.distributed import DistributedContext  # noqa: F401
 from d9d_kernels import checkpoint  # noqa: F401
 from d9d_kernels.metric import Metric  # noqa: F401
