@@ -11,5 +11,6 @@ from d9d_kernels import checkpoint  # noqa: F401
 from d9d_kernels.metric import Metric  # noqa: F401
 from d9d_kernels.group import MetricGroup  # noqa: F401
 from d9d_kernels.metrics.aggregation import MaxMetric, MinMetric, SumMetric, WeightedMeanMetric  # noqa: F401
+from d9d_kernels.metrics.catalogue import *  # noqa: F401,F403  (classification, ranking, regression, text)
 
 __version__ = "0.1.0"
