@@ -1,0 +1,240 @@
+"""``python -m d9d_kernels.trace DIR [--tools ...] [--workload-card F] [--json F] [--html F]``.
+
+Runs the selected tools (all by default) on a workload / trace directory, a
+trace file or a snapshot, prints one table per tool, and optionally writes the
+full results as JSON and a self-contained HTML report.
+
+Errors: bad input never produces a traceback. A file that cannot be read is
+named in a one-line ``error:`` message (stderr) and in the failing tool's
+section; the other ranks and tools still run. Exit status: 0 when at least one
+tool produced a result, 1 when every tool failed (nothing readable), 2 for
+usage errors (unknown tool, missing path, unwritable output).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+TOOLS = ("throughput", "communication", "memory", "overlap", "training_phases",
+         "fsdp", "straggler", "kernel", "gpu_utilization")
+
+
+def _parse(argv):
+    p = argparse.ArgumentParser(
+        prog="python -m d9d_kernels.trace",
+        description="Analyse PyTorch profiler traces (one per rank) and CUDA memory snapshots.")
+    p.add_argument("paths", nargs="+", metavar="DIR",
+                   help="workload dir, trace dir, trace file(s) (.json/.json.gz) or snapshot (.pickle)")
+    p.add_argument("--tools", default=",".join(TOOLS),
+                   help=f"comma-separated subset of: {','.join(TOOLS)} (default: all)")
+    p.add_argument("--workload-card", default=None, metavar="F",
+                   help="workload_card.yaml (batch size, seq len, FLOPs) for tokens/s and MFU")
+    p.add_argument("--profile-mode", default="auto", choices=("auto", "gpu", "cpu"),
+                   help="GPU analysis when the trace has GPU events (auto), or force one")
+    p.add_argument("--json", default=None, metavar="F", help="write all results as JSON to F")
+    p.add_argument("--html", default=None, metavar="F", help="write a self-contained HTML report to F")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    p.add_argument("--quiet", action="store_true", help="do not print the tables")
+    return p.parse_args(argv)
+
+
+def _err(msg: str):
+    print(f"error: {msg}", file=sys.stderr)
+
+
+def _clean(x):
+    """JSON-safe copy: NaN/inf -> None, numpy scalars -> python, unknown -> str."""
+    if isinstance(x, dict):
+        return {str(k): _clean(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_clean(v) for v in x]
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, (str, int, bool)) or x is None:
+        return x
+    if hasattr(x, "item"):
+        return _clean(x.item())
+    return str(x)
+
+
+def _run_tool(name: str, target, card, mode: str) -> dict:
+    from d9d_kernels.trace._load import TraceError
+    from d9d_kernels.trace._result import result
+
+    try:
+        mod = importlib.import_module(f"d9d_kernels.trace.{name}")
+    except Exception as exc:
+        return result(name, errors={f"<tool {name}>": f"cannot import: {type(exc).__name__}: {exc}"})
+    try:
+        return mod.metric_cal(target, workload_card_path=card, profile_mode=mode)
+    except TraceError as exc:
+        return result(name, errors={exc.file: exc.reason})
+    except (MemoryError, RecursionError) as exc:
+        return result(name, errors={str(target): f"{type(exc).__name__} while running {name}"})
+    except Exception as exc:  # a tool bug must not take the other tools down
+        return result(name, errors={f"<tool {name}>": f"{type(exc).__name__}: {exc}"})
+
+
+def _ranges(nums: list[int]) -> str:
+    out, i = [], 0
+    while i < len(nums):
+        j = i
+        while j + 1 < len(nums) and nums[j + 1] == nums[j] + 1:
+            j += 1
+        out.append(str(nums[i]) if i == j else f"{nums[i]}-{nums[j]}")
+        i = j + 1
+    return ",".join(out)
+
+
+def missing_ranks(found: list[int], world_sizes: list[int]) -> str | None:
+    """A one-line warning when ranks are missing (gaps, or fewer than world_size)."""
+    if not found:
+        return None
+    ws = max(world_sizes) if world_sizes else None
+    expected = set(range(ws)) if ws else set(range(min(found), max(found) + 1))
+    gone = sorted(expected - set(found))
+    if not gone:
+        return None
+    basis = f"world_size {ws} from distributedInfo" if ws else "gaps in the rank numbering"
+    return f"{len(found)} rank trace(s) found, missing rank(s) {_ranges(gone)} ({basis})"
+
+
+def _preparse(target, card, progress: bool) -> tuple[dict, list]:
+    """Parse every rank once (with a progress bar) so the tools reuse the parsed traces.
+
+    Returns ``(errors, warnings)``.
+    """
+    from d9d_kernels.trace import _common
+    from d9d_kernels.trace._load import TraceError, find_workload, load_ranks
+
+    try:
+        wl = find_workload(target, card)
+    except TraceError as exc:
+        return {exc.file: exc.reason}, []
+    errors: dict = {}
+    ranks = load_ranks(wl, parallel=len(wl.traces) > 1, progress=progress, errors=errors)
+    warnings = []
+    ws = [rt.world_size for rt in ranks.values() if isinstance(rt.world_size, int)]
+    w = missing_ranks(sorted(wl.traces), ws)
+    if w:
+        warnings.append(w)
+    if ranks:
+        # seed the shared per-workload cache (same key open_workload computes)
+        key = _common._key(target, card)
+        _common._CACHE.clear()
+        _common._CACHE[key] = (wl, ranks, errors)
+    return errors, warnings
+
+
+def main(argv=None) -> int:
+    args = _parse(argv)
+    tools = [t.strip() for t in args.tools.split(",") if t.strip()]
+    bad = [t for t in tools if t not in TOOLS]
+    if bad or not tools:
+        _err(f"unknown tool(s) {', '.join(bad) or '(none given)'}; choose from {', '.join(TOOLS)}")
+        return 2
+    for p in args.paths:
+        if not os.path.exists(p):
+            _err(f"{p}: no such file or directory")
+            return 2
+    if args.workload_card and not os.path.isfile(args.workload_card):
+        _err(f"{args.workload_card}: workload card not found")
+        return 2
+    target = args.paths[0] if len(args.paths) == 1 else list(args.paths)
+    progress = not args.no_progress and sys.stderr.isatty()
+
+    t0 = time.perf_counter()
+    snapshot_only = (isinstance(target, str) and Path(target).is_file()
+                     and Path(target).suffix in (".pickle", ".pkl"))
+    warnings: list = []
+    if not snapshot_only and any(t != "memory" for t in tools):
+        try:
+            warnings = _preparse(target, args.workload_card, progress)[1]
+        except Exception:  # the tools will report it themselves, one by one
+            pass
+
+    results: dict[str, dict] = {}
+    bar = None
+    if progress:
+        try:
+            from tqdm import tqdm
+
+            bar = tqdm(total=len(tools), desc="tools", unit="tool", file=sys.stderr)
+        except ImportError:  # pragma: no cover
+            bar = None
+    for name in tools:
+        if snapshot_only and name != "memory":
+            from d9d_kernels.trace._result import result
+
+            results[name] = result(name, notes=["input is a memory snapshot: no trace to analyse"])
+        else:
+            results[name] = _clean(_run_tool(name, target, args.workload_card, args.profile_mode))
+        if bar is not None:
+            bar.update(1)
+    if bar is not None:
+        bar.close()
+
+    # one line per unreadable file, however many tools hit it
+    all_errors: dict = {}
+    for res in results.values():
+        for f, why in (res.get("errors") or {}).items():
+            all_errors.setdefault(f, why)
+    for f, why in all_errors.items():
+        _err(f"{f}: {why}")
+    for w in warnings:
+        print(f"warning: {w}", file=sys.stderr)
+
+    ok = [t for t, r in results.items() if r.get("ranks") or r.get("summary")
+          or (r.get("notes") and not r.get("errors"))]
+    doc = {"inputs": [str(p) for p in args.paths], "tools": results, "errors": all_errors,
+           "warnings": warnings}
+    rc_out = 0
+    if args.json:
+        try:
+            with open(args.json, "w", encoding="utf-8") as fh:
+                json.dump(doc, fh, indent=1, allow_nan=False)
+        except (OSError, ValueError) as exc:
+            _err(f"{args.json}: cannot write JSON: {exc}")
+            rc_out = 2
+    if args.html:
+        try:
+            from d9d_kernels.trace.report import html_report
+
+            page = html_report(results, title=f"Trace analysis: {', '.join(map(str, args.paths))}",
+                               inputs=args.paths, errors=all_errors, warnings=warnings)
+            with open(args.html, "w", encoding="utf-8") as fh:
+                fh.write(page)
+        except OSError as exc:
+            _err(f"{args.html}: cannot write HTML: {exc}")
+            rc_out = 2
+    if not args.quiet:
+        from d9d_kernels.trace.report import text_report
+
+        try:
+            print(text_report(results))
+            print(f"analysed {', '.join(map(str, args.paths))} in {time.perf_counter() - t0:.2f} s; "
+                  f"{len(ok)}/{len(tools)} tools produced results")
+            sys.stdout.flush()
+        except BrokenPipeError:  # `| head`: stop printing quietly
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+
+    if not ok:
+        _err("no tool produced a result")
+        return 1
+    return rc_out
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        _err("interrupted")
+        sys.exit(130)
