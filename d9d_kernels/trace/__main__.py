@@ -40,7 +40,11 @@ def _parse(argv):
                    help="GPU analysis when the trace has GPU events (auto), or force one")
     p.add_argument("--json", default=None, metavar="F", help="write all results as JSON to F")
     p.add_argument("--html", default=None, metavar="F", help="write a self-contained HTML report to F")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--progress", dest="progress", action="store_true", default=None,
+                   help="progress bars on stderr even when it is not a terminal")
+    g.add_argument("--no-progress", dest="progress", action="store_false",
+                   help="no progress bars (default: only when stderr is a terminal)")
     p.add_argument("--quiet", action="store_true", help="do not print the tables")
     return p.parse_args(argv)
 
@@ -148,7 +152,7 @@ def main(argv=None) -> int:
         _err(f"{args.workload_card}: workload card not found")
         return 2
     target = args.paths[0] if len(args.paths) == 1 else list(args.paths)
-    progress = not args.no_progress and sys.stderr.isatty()
+    progress = sys.stderr.isatty() if args.progress is None else args.progress
 
     t0 = time.perf_counter()
     snapshot_only = (isinstance(target, str) and Path(target).is_file()

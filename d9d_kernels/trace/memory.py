@@ -36,8 +36,10 @@ both, ``"snapshot"`` = snapshots only, ``"trace"``/``"cpu"`` = profiler
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -284,6 +286,8 @@ def find_snapshots(path: str | os.PathLike) -> list[tuple[int | None, int | None
 
 def memory_events_from_trace(doc: dict) -> dict[str, dict]:
     """Peaks of ``[memory]`` instant events of one Kineto trace, per device."""
+    if isinstance(doc, list):  # bare Chrome trace array
+        doc = {"traceEvents": doc}
     events = doc.get("traceEvents") if isinstance(doc, dict) else None
     if not isinstance(events, list):
         return {}
@@ -325,8 +329,13 @@ def memory_events_from_trace(doc: dict) -> dict[str, dict]:
 
 
 def _trace_docs(trace_dir, errors: dict, notes: list):
-    """``[(rank_key, doc)]`` of every rank trace's raw JSON (instant events are not in RankTrace)."""
-    from ._load import TraceError, _read_json, find_workload
+    """``[(rank_key, doc)]`` of the rank traces that hold ``[memory]`` events.
+
+    ``RankTrace`` keeps complete events only, so the raw JSON is read again; a
+    substring test on the decompressed text skips the JSON parse of traces
+    recorded without ``profile_memory`` (the common case).
+    """
+    from ._load import TraceError, _open_text, find_workload
 
     try:
         wl = find_workload(trace_dir)
@@ -336,9 +345,19 @@ def _trace_docs(trace_dir, errors: dict, notes: list):
     out = []
     for rank, path in wl.traces.items():
         try:
-            out.append((f"rank{rank}", _read_json(Path(path))))
-        except TraceError as exc:
-            errors[exc.file] = exc.reason
+            with _open_text(Path(path)) as fh:
+                text = fh.read()
+        except (OSError, EOFError, zlib.error, UnicodeDecodeError) as exc:
+            errors[str(path)] = f"cannot read (truncated or corrupt gzip?): {exc}"
+            continue
+        if '"[memory]"' not in text:
+            continue
+        try:
+            doc = json.loads(text)
+        except json.JSONDecodeError as exc:
+            errors[str(path)] = f"corrupt JSON: {exc.msg} at line {exc.lineno} col {exc.colno}"
+            continue
+        out.append((f"rank{rank}", doc))
     return out
 
 

@@ -61,8 +61,9 @@ def test_one_truncated_rank_gives_partial_result(tmp_path):
     bad = tmp_path / "sampled_rank-1.json.gz"
     bad.write_bytes(good[: len(good) // 3])   # truncated gzip stream
     out_json = tmp_path / "r.json"
-    p = _cli(tmp_path, "--json", out_json, "--tools", "throughput,overlap,training_phases")
+    p = _cli(tmp_path, "--json", out_json, "--tools", "throughput,overlap,training_phases", "--progress")
     assert p.returncode == 0
+    assert "parsing ranks" in p.stderr  # tqdm bar on stderr while ranks are parsed
     assert str(bad) in p.stderr
     assert len([ln for ln in p.stderr.splitlines() if str(bad) in ln]) == 1  # said once
     doc = json.loads(out_json.read_text())
