@@ -125,7 +125,14 @@ def _d9d_group():
 
 
 class _TM:
-    """The same metrics with torchmetrics (defaults; AUROC exact, thresholds=None)."""
+    """The same metrics with torchmetrics (AUROC exact: thresholds=None).
+
+    ``compute_groups=False``: torchmetrics' default automatic compute groups
+    compare states after the first batch, and top-k accuracy's states equal
+    top-1 F1's whenever the first batch has as many top-5 as top-1 hits
+    (e.g. an untrained model): it then merges them and reports top-1 accuracy
+    as top-5 for the rest of the run (seen with torchmetrics 1.9.0 here).
+    """
 
     def __init__(self):
         warnings.filterwarnings("ignore", module="torchmetrics")
@@ -140,7 +147,8 @@ class _TM:
                 "top5": MulticlassAccuracy(num_classes=C, average="micro", top_k=5),
                 "f1": MulticlassF1Score(num_classes=C, average="macro"),
                 "auroc": MulticlassAUROC(num_classes=C, average="macro"),
-            }
+            },
+            compute_groups=False,
         )
 
     def update(self, logits, y, loss, n, gnorm):

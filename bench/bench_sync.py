@@ -1,0 +1,187 @@
+"""Sync latency of a metric group with gloo on 127.0.0.1.
+
+Question: what does a logging-step sync of K = 1 ... 64 metrics cost, with
+d9d_kernels (trigger_sync + wait_sync: one coalesced all_reduce per
+reduction kind), torchmetrics (``Metric.compute()``, which all_gathers every
+state), torcheval (``sync_and_compute_collection``) and one raw
+``dist.all_reduce`` of the same number of bytes as our packed state (the
+limit)? World sizes 2 and 4 (spawned processes, one intra-op thread each).
+
+Targets (issue 5): ours <= 1.3x the raw all_reduce; flat in K (K=64 <= 1.5x
+K=1); >= 10x faster than torchmetrics at K = 16.
+
+Providers (the ``provider`` column):
+    d9d             trigger_sync + wait_sync
+    d9d_compute     trigger_sync + wait_sync + compute (to compare with the peers,
+                    whose sync cannot be separated from compute)
+    torchmetrics    compute() of each metric (sync, compute, unsync)
+    torcheval       toolkit.sync_and_compute_collection
+    raw_all_reduce  dist.all_reduce of a float64 buffer of our state's size
+
+The metric mix cycles mean, sum, max, min, accuracy(C=10), macro F1(C=10)
+(``providers.SYNC_MIX``). Before every timed call each group is updated
+(untimed) so that no peer can return a cached result, then all ranks meet at
+a barrier. Times are rank 0's.
+
+    python bench/bench_sync.py [--quick] [--worlds 2 4] [--ks 1 4 16 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import queue as _queue
+import socket
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness  # noqa: E402
+import providers as pv  # noqa: E402
+
+BENCH = "sync"
+PROVIDERS = ("d9d", "d9d_compute", "torchmetrics", "torcheval", "raw_all_reduce")
+FULL_KS = (1, 2, 4, 8, 16, 32, 64)
+QUICK_KS = (1, 4, 16, 64)
+
+
+def parse(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--tiny", action="store_true", help="smoke test: world 2, K in (1, 4), 2 repeats")
+    p.add_argument("--worlds", type=int, nargs="*", default=None)
+    p.add_argument("--ks", type=int, nargs="*", default=None)
+    p.add_argument("--providers", nargs="*", default=list(PROVIDERS), choices=PROVIDERS)
+    p.add_argument("--out", default=str(harness.RESULTS / f"{BENCH}.csv"))
+    p.add_argument("--timeout", type=float, default=900.0, help="per world size, seconds")
+    a = p.parse_args(argv)
+    if a.tiny:
+        a.worlds = a.worlds or [2]
+        a.ks = a.ks or [1, 4]
+    a.worlds = a.worlds or [2, 4]
+    a.ks = a.ks or list(QUICK_KS if a.quick else FULL_KS)
+    return a
+
+
+def _state_bytes(group) -> int:
+    """Bytes one sync of this d9d group moves (SUM + MAX packed buffers)."""
+    st = group.g._storage
+    return int(sum(st.local[k].numel() * st.local[k].element_size() for k in ("sum", "max") if k in st.local))
+
+
+def _rank_main(rank: int, world: int, a, warmup: int, repeats: int):
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    logits, target, loss, n = pv.update_inputs(64, pv.SYNC_C, seed=rank)
+    out = []
+    for K in a.ks:
+        groups = {p: pv.make_sync_group(p, K) for p in ("d9d", "torchmetrics", "torcheval")}
+        nbytes = _state_bytes(groups["d9d"])
+        raw = torch.zeros(max(1, nbytes // 8), dtype=torch.float64)
+        d9d = groups["d9d"]
+        ops = {
+            "d9d": ("d9d", lambda: (d9d.trigger(), d9d.wait())),
+            "d9d_compute": ("d9d", lambda: d9d.sync_compute()),
+            "torchmetrics": ("torchmetrics", lambda: groups["torchmetrics"].sync_compute()),
+            "torcheval": ("torcheval", lambda: groups["torcheval"].sync_compute()),
+            "raw_all_reduce": (None, lambda: dist.all_reduce(raw)),
+        }
+        for prov in a.providers:
+            gname, fn = ops[prov]
+            times = []
+            for i in range(warmup + repeats):
+                if gname is not None:
+                    groups[gname].update(logits, target, loss, n)
+                dist.barrier()
+                t = time.perf_counter()
+                fn()
+                dt = time.perf_counter() - t
+                if i >= warmup:
+                    times.append(dt)
+            out.append({"K": K, "provider": prov, "bytes": nbytes, "times": times})
+    return out
+
+
+def _worker(rank, world, port, a, warmup, repeats, q):
+    import torch.distributed as dist
+
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    try:
+        dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=120))
+        res = _rank_main(rank, world, a, warmup, repeats)
+        q.put((rank, "ok", res if rank == 0 else None))
+    except BaseException as e:
+        q.put((rank, "error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
+    finally:
+        if dist.is_initialized():
+            try:
+                dist.destroy_process_group()
+            except Exception:
+                pass
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_world(world: int, a, warmup: int, repeats: int):
+    """Spawns ``world`` gloo ranks; returns rank 0's results. Never hangs."""
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_worker, args=(r, world, port, a, warmup, repeats, q), daemon=True) for r in range(world)]
+    for p in procs:
+        p.start()
+    got, errors = {}, {}
+    deadline = time.monotonic() + a.timeout
+    try:
+        while len(got) + len(errors) < world and time.monotonic() < deadline and not errors:
+            try:
+                r, status, payload = q.get(timeout=1.0)
+            except _queue.Empty:
+                if all(not p.is_alive() for p in procs) and q.empty():
+                    break
+                continue
+            (got if status == "ok" else errors)[r] = payload
+    finally:
+        for p in procs:
+            p.join(timeout=5 if not errors else 1)
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=5)
+    if errors or 0 not in got:
+        msg = "\n".join(f"[rank {r}] {m}" for r, m in sorted(errors.items())) or f"timed out after {a.timeout}s"
+        raise RuntimeError(f"bench_sync world={world} failed:\n{msg}")
+    return got[0]
+
+
+def main(argv=None) -> int:
+    a = parse(argv)
+    timing = harness.Timing.tiny() if a.tiny else (harness.Timing.quick() if a.quick else harness.Timing())
+    rows = []
+    for world in a.worlds:
+        for r in run_world(world, a, timing.warmup, timing.repeats):
+            st = harness.stats(r["times"])
+            rows.append(harness.row(BENCH, op=f"sync_world{world}", provider=r["provider"],
+                                    shape=f"K={r['K']},world={world},bytes={r['bytes']}",
+                                    dtype="float64", device="cpu", stats=st))
+            print(f"{BENCH}: world={world} K={r['K']:<3d} {r['provider']:<15s} {st.p50 * 1e6:>10.1f} us "
+                  f"[p20 {st.p20 * 1e6:.1f}, p80 {st.p80 * 1e6:.1f}]  ({r['bytes']} B)", flush=True)
+    harness.write_csv(a.out, rows)
+    print(f"{BENCH}: wrote {a.out} ({len(rows)} rows)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

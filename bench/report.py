@@ -1,0 +1,413 @@
+"""bench/results/*.csv -> bench/results/*.png + the performance table (docs/performance.md).
+
+Plotting and the table are a separate step from measuring (STYLE.md):
+
+    python bench/report.py [--results bench/results] [--doc docs/performance.md]
+
+Every ratio is computed from medians (p50) of the CSV rows; the plots show
+the p20-p80 band. The table states the machine, the date and that the
+figures are CPU-only when no GPU was used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime
+import os
+import platform
+import statistics
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
+DOC = ROOT / "docs" / "performance.md"
+
+LABEL = {
+    "d9d": "d9d_kernels",
+    "d9d_compute": "d9d_kernels (sync+compute)",
+    "torchmetrics": "torchmetrics (default)",
+    "torchmetrics_fast": "torchmetrics (fastest)",
+    "torcheval": "torcheval",
+    "plain_torch": "plain torch (hand-written)",
+    "raw_all_reduce": "raw dist.all_reduce (same bytes)",
+    "none": "no metrics",
+}
+
+
+# ------------------------------------------------------------------ CSV reading
+_UNITS = {"_s": 1.0, "_ms": 1e-3, "_us": 1e-6, "_ns": 1e-9, "": 1.0}
+
+
+def _q(row: dict, q: str) -> float:
+    """Quantile ``q`` ("p20" | "p50" | "p80") of a row, in seconds, whatever the unit column."""
+    names = [q] + (["median"] if q == "p50" else [])
+    for name in names:
+        for suf, scale in _UNITS.items():
+            v = row.get(name + suf)
+            if v not in (None, ""):
+                return float(v) * scale
+    raise KeyError(f"no {q} column in {sorted(row)}")
+
+
+def _shape(row: dict) -> dict:
+    out = {}
+    for part in str(row.get("shape", "")).split(","):
+        if "=" in part:
+            k, v = part.split("=", 1)
+            try:
+                out[k.strip()] = int(v)
+            except ValueError:
+                out[k.strip()] = v.strip()
+    return out
+
+
+def load(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    try:
+        for r in rows:
+            r["_shape"] = _shape(r)
+            r["_p50"], r["_p20"], r["_p80"] = _q(r, "p50"), _q(r, "p20"), _q(r, "p80")
+            r.setdefault("provider", r.get("impl", r.get("tool", "?")))
+    except (KeyError, ValueError) as e:  # not a harness CSV: its owner reports it
+        print(f"report: {path.name} skipped ({e})", file=sys.stderr)
+        return []
+    return rows
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    try:
+        import torch
+
+        tv = torch.__version__
+        gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    except Exception:  # pragma: no cover
+        tv, gpu = "?", None
+    mem = ""
+    try:
+        kb = int(next(ln for ln in open("/proc/meminfo") if ln.startswith("MemTotal")).split()[1])
+        mem = f", {kb / 2**20:.0f} GiB RAM"
+    except Exception:
+        pass
+    return f"{cpu}, {os.cpu_count()} cores{mem}, {platform.system()} {platform.release()}, Python {platform.python_version()}, torch {tv}" + (
+        f", GPU {gpu}" if gpu else ", no GPU"
+    )
+
+
+def _fmt_t(s: float) -> str:
+    return f"{s * 1e6:.1f} µs" if s < 1e-3 else f"{s * 1e3:.2f} ms"
+
+
+def _ok(ok: bool | None) -> str:
+    return "n/a" if ok is None else ("**met**" if ok else "**MISSED**")
+
+
+# ---------------------------------------------------------------------- plots
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_update(rows, out: Path):
+    plt = _plt()
+    Cs = sorted({r["_shape"]["C"] for r in rows})
+    fig, axes = plt.subplots(1, len(Cs), figsize=(6 * len(Cs), 4.5), squeeze=False)
+    for ax, C in zip(axes[0], Cs):
+        by = defaultdict(list)
+        for r in rows:
+            if r["_shape"]["C"] == C:
+                by[r["provider"]].append(r)
+        for prov, rs in by.items():
+            rs.sort(key=lambda r: r["_shape"]["N"])
+            x = [r["_shape"]["N"] for r in rs]
+            ax.plot(x, [r["_p50"] * 1e6 for r in rs], marker="o", label=LABEL.get(prov, prov))
+            ax.fill_between(x, [r["_p20"] * 1e6 for r in rs], [r["_p80"] * 1e6 for r in rs], alpha=0.2)
+        ax.set(xscale="log", yscale="log", xlabel="batch N", ylabel="update latency (µs, median)", title=f"group update, C={C}")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def plot_sync(rows, out: Path):
+    plt = _plt()
+    worlds = sorted({r["_shape"]["world"] for r in rows})
+    fig, axes = plt.subplots(1, len(worlds), figsize=(6 * len(worlds), 4.5), squeeze=False)
+    for ax, w in zip(axes[0], worlds):
+        by = defaultdict(list)
+        for r in rows:
+            if r["_shape"]["world"] == w:
+                by[r["provider"]].append(r)
+        for prov, rs in by.items():
+            rs.sort(key=lambda r: r["_shape"]["K"])
+            x = [r["_shape"]["K"] for r in rs]
+            ax.plot(x, [r["_p50"] * 1e6 for r in rs], marker="o", label=LABEL.get(prov, prov))
+            ax.fill_between(x, [r["_p20"] * 1e6 for r in rs], [r["_p80"] * 1e6 for r in rs], alpha=0.2)
+        ax.set(xscale="log", yscale="log", xlabel="metrics in the group (K)", ylabel="sync latency (µs, median)", title=f"gloo sync, world={w}")
+        ax.set_xscale("log", base=2)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def plot_training(rows, out: Path):
+    plt = _plt()
+    shapes = sorted({r["shape"] for r in rows})
+    fig, axes = plt.subplots(1, len(shapes), figsize=(6 * len(shapes), 4.5), squeeze=False)
+    for ax, sh in zip(axes[0], shapes):
+        rs = [r for r in rows if r["shape"] == sh]
+        base = next(r for r in rs if r["provider"] == "none")
+        names = [LABEL.get(r["provider"], r["provider"]) for r in rs]
+        ov = [100 * (r["_p50"] / base["_p50"] - 1) for r in rs]
+        lo = [100 * (r["_p20"] / base["_p50"] - 1) for r in rs]
+        hi = [100 * (r["_p80"] / base["_p50"] - 1) for r in rs]
+        ax.bar(range(len(rs)), ov, yerr=[[o - l for o, l in zip(ov, lo)], [h - o for o, h in zip(ov, hi)]], capsize=4)
+        ax.axhline(2.0, color="red", ls="--", lw=1, label="target for d9d_kernels: 2 %")
+        ax.set_xticks(range(len(rs)), names, rotation=20, ha="right", fontsize=8)
+        ax.set(ylabel="step-time overhead vs no metrics (%, median)", title=f"training step, {sh}")
+        ax.grid(True, axis="y", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def plot_generic(rows, out: Path, title: str):
+    """Any harness CSV (e.g. bench_kernels): median per shape, one line per (op, provider)."""
+    plt = _plt()
+    by = defaultdict(list)
+    for r in rows:
+        by[(r.get("op", ""), r["provider"])].append(r)
+    fig, ax = plt.subplots(figsize=(10, 5))
+    for (op, prov), rs in sorted(by.items()):
+        ax.plot(range(len(rs)), [r["_p50"] * 1e6 for r in rs], marker=".", label=f"{op} / {prov}")
+    ax.set(yscale="log", ylabel="median (µs)", xlabel="shape index (see CSV)", title=title)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=6, ncol=2)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+# ---------------------------------------------------------------------- tables
+def _index(rows, key):
+    out = {}
+    for r in rows:
+        out[key(r)] = r
+    return out
+
+
+def update_section(rows, targets: list) -> list[str]:
+    lines = ["## Per-step update latency (`bench/bench_update.py`)", "",
+             "Group: loss weighted mean + accuracy + top-5 accuracy + macro F1 + macro precision + "
+             "macro recall + confusion matrix, float32 logits `[N, C]`, CPU. Median latency of one "
+             "group update; ratio = peer / d9d_kernels (> 1: d9d_kernels is faster).", ""]
+    idx = _index(rows, lambda r: (r["provider"], r["_shape"]["C"], r["_shape"]["N"]))
+    provs = [p for p in ("d9d", "torchmetrics", "torchmetrics_fast", "torcheval", "plain_torch") if any(k[0] == p for k in idx)]
+    peers = [p for p in provs if p != "d9d"]
+    hdr = "| C | N | " + " | ".join(LABEL[p] for p in provs) + " | " + " | ".join(f"{p} / d9d" for p in peers) + " |"
+    lines += [hdr, "|" + "---|" * (2 + len(provs) + len(peers))]
+    ratios = defaultdict(list)  # (peer, C) -> [(ratio, N)]
+    for C, N in sorted({(k[1], k[2]) for k in idx}):
+        if ("d9d", C, N) not in idx:
+            continue
+        d = idx[("d9d", C, N)]["_p50"]
+        cells = [_fmt_t(idx[(p, C, N)]["_p50"]) if (p, C, N) in idx else "–" for p in provs]
+        rc = []
+        for p in peers:
+            if (p, C, N) in idx:
+                r = idx[(p, C, N)]["_p50"] / d
+                ratios[(p, C)].append((r, N))
+                rc.append(f"{r:.2f}×")
+            else:
+                rc.append("–")
+        lines.append(f"| {C} | {N} | " + " | ".join(cells) + " | " + " | ".join(rc) + " |")
+    lines.append("")
+    goal = {"torchmetrics": 20.0, "torcheval": 3.0, "plain_torch": 1.0}
+    for (p, C), rs in sorted(ratios.items()):
+        if p not in goal:
+            continue
+        lo, n_lo = min(rs)
+        hi, n_hi = max(rs)
+        what = {"torchmetrics": "faster than torchmetrics (default)", "torcheval": "faster than torcheval",
+                "plain_torch": "no slower than plain torch"}[p]
+        targets.append(("update", f"{what}, C={C} (peer / d9d, min over N)", f"≥ {goal[p]:g}×",
+                        f"{lo:.2f}× (N={n_lo}) … {hi:.2f}× (N={n_hi})", lo >= goal[p]))
+    return lines
+
+
+def sync_section(rows, targets: list) -> list[str]:
+    lines = ["## Sync latency with gloo (`bench/bench_sync.py`)", "",
+             "K metrics (mix of mean, sum, max, min, accuracy and macro F1 on 10 classes), spawned "
+             "gloo ranks on 127.0.0.1, one intra-op thread each, rank 0's median. `d9d` = "
+             "trigger_sync + wait_sync; `d9d (sync+compute)` adds compute(), comparable with the "
+             "peers whose sync cannot be separated from compute; `raw` = one `dist.all_reduce` of our "
+             "packed state's bytes.", ""]
+    idx = _index(rows, lambda r: (r["provider"], r["_shape"]["world"], r["_shape"]["K"]))
+    provs = [p for p in ("d9d", "d9d_compute", "torchmetrics", "torcheval", "raw_all_reduce") if any(k[0] == p for k in idx)]
+    lines += ["| world | K | bytes | " + " | ".join(LABEL[p] for p in provs) + " | d9d / raw | torchmetrics / d9d (sync+compute) |",
+              "|" + "---|" * (5 + len(provs))]
+    for w in sorted({k[1] for k in idx}):
+        Ks = sorted({k[2] for k in idx if k[1] == w})
+        for K in Ks:
+            cells = [_fmt_t(idx[(p, w, K)]["_p50"]) if (p, w, K) in idx else "–" for p in provs]
+            d = idx.get(("d9d", w, K))
+            raw = idx.get(("raw_all_reduce", w, K))
+            dc = idx.get(("d9d_compute", w, K))
+            tm = idx.get(("torchmetrics", w, K))
+            r_raw = f"{d['_p50'] / raw['_p50']:.2f}×" if d and raw else "–"
+            r_tm = f"{tm['_p50'] / dc['_p50']:.1f}×" if tm and dc else "–"
+            nbytes = (d or raw or {}).get("_shape", {}).get("bytes", "–")
+            lines.append(f"| {w} | {K} | {nbytes} | " + " | ".join(cells) + f" | {r_raw} | {r_tm} |")
+        d_ratios = [(idx[("d9d", w, K)]["_p50"] / idx[("raw_all_reduce", w, K)]["_p50"], K)
+                    for K in Ks if ("d9d", w, K) in idx and ("raw_all_reduce", w, K) in idx]
+        if d_ratios:
+            hi, k_hi = max(d_ratios)
+            med = statistics.median(r for r, _ in d_ratios)
+            targets.append(("sync", f"d9d / raw all_reduce, world={w} (worst K)", "≤ 1.3×",
+                            f"{hi:.2f}× (K={k_hi}); median over K {med:.2f}×", hi <= 1.3))
+        if ("d9d", w, 1) in idx and Ks and ("d9d", w, Ks[-1]) in idx and Ks[-1] > 1:
+            r = idx[("d9d", w, Ks[-1])]["_p50"] / idx[("d9d", w, 1)]["_p50"]
+            targets.append(("sync", f"flat in K: d9d K={Ks[-1]} / K=1, world={w}", "≤ 1.5×", f"{r:.2f}×", r <= 1.5))
+        k16 = 16 if 16 in Ks else None
+        if k16 and ("torchmetrics", w, k16) in idx and ("d9d_compute", w, k16) in idx:
+            r = idx[("torchmetrics", w, k16)]["_p50"] / idx[("d9d_compute", w, k16)]["_p50"]
+            r2 = idx[("torchmetrics", w, k16)]["_p50"] / idx[("d9d", w, k16)]["_p50"] if ("d9d", w, k16) in idx else float("nan")
+            targets.append(("sync", f"torchmetrics / d9d at K=16, world={w} (sync+compute; sync only)", "≥ 10×",
+                            f"{r:.1f}×; {r2:.1f}×", r >= 10))
+    lines.append("")
+    return lines
+
+
+def training_section(rows, targets: list) -> list[str]:
+    lines = ["## Training-step overhead (`bench/bench_training.py`)", "",
+             "Single-process CPU training loop (MLP, SGD), the update group of bench_update updated every "
+             "step and computed every 50 steps; variants interleaved in blocks on the same model. "
+             "Overhead = median step time / median step time without metrics − 1.", "",
+             "| shape | variant | step median | p20 | p80 | overhead |", "|---|---|---|---|---|---|"]
+    for sh in sorted({r["shape"] for r in rows}):
+        rs = [r for r in rows if r["shape"] == sh]
+        base = next((r for r in rs if r["provider"] == "none"), None)
+        if base is None:
+            continue
+        for r in rs:
+            ov = 100 * (r["_p50"] / base["_p50"] - 1)
+            lines.append(f"| {sh} | {LABEL.get(r['provider'], r['provider'])} | {_fmt_t(r['_p50'])} | "
+                         f"{_fmt_t(r['_p20'])} | {_fmt_t(r['_p80'])} | {ov:+.2f} % |")
+            if r["provider"] == "d9d":
+                targets.append(("training", f"d9d_kernels step-time overhead, {sh}", "≤ 2 %", f"{ov:+.2f} %", ov <= 2.0))
+            elif r["provider"] in ("torchmetrics", "torchmetrics_fast"):
+                targets.append(("training", f"{LABEL[r['provider']]} step-time overhead, {sh} (reported)", "–", f"{ov:+.2f} %", None))
+    lines.append("")
+    return lines
+
+
+def generic_section(name: str, rows) -> list[str]:
+    lines = [f"## `{name}` (`bench/bench_{name}.py`)", "",
+             "Median per (op, shape, provider), as written by the benchmark; see its docstring for the question.", ""]
+    provs = sorted({r["provider"] for r in rows})
+    lines += ["| op | shape | " + " | ".join(provs) + " |", "|" + "---|" * (2 + len(provs))]
+    idx = _index(rows, lambda r: (r.get("op", ""), r.get("shape", ""), r["provider"]))
+    keys = []
+    for r in rows:
+        k = (r.get("op", ""), r.get("shape", ""))
+        if k not in keys:
+            keys.append(k)
+    for op, sh in keys:
+        cells = [_fmt_t(idx[(op, sh, p)]["_p50"]) if (op, sh, p) in idx else "–" for p in provs]
+        lines.append(f"| {op} | {sh} | " + " | ".join(cells) + " |")
+    lines.append("")
+    return lines
+
+
+def build(results: Path, doc: Path, plots: bool = True) -> str:
+    results = Path(results)
+    sections, targets, pngs = [], [], []
+    known = {"update": (update_section, plot_update), "sync": (sync_section, plot_sync),
+             "training": (training_section, plot_training)}
+    csvs = sorted(results.glob("*.csv"))
+    ordered = [results / f"{k}.csv" for k in known] + [p for p in csvs if p.stem not in known]
+    for path in ordered:
+        rows = load(path)
+        if not rows:
+            continue
+        name = path.stem
+        sec, plot = known.get(name, (None, None))
+        sections += sec(rows, targets) if sec else generic_section(name, rows)
+        if plots:
+            png = path.with_suffix(".png")
+            try:
+                (plot(rows, png) if plot else plot_generic(rows, png, name))
+                pngs.append(png)
+            except Exception as e:  # a plot failing must not lose the table
+                print(f"report: plot {png} failed: {e}", file=sys.stderr)
+    now = datetime.datetime.now(datetime.timezone.utc)
+    mtimes = [datetime.datetime.fromtimestamp(p.stat().st_mtime, datetime.timezone.utc) for p in csvs]
+    measured = max(mtimes).strftime("%Y-%m-%d %H:%M UTC") if mtimes else "–"
+    mach = machine()
+    cpu_only = "no GPU" in mach
+    head = [
+        "# Performance",
+        "",
+        f"Measured {measured} on: {mach}.",
+        "",
+        ("**All figures on this page are CPU-only**: the machine has no GPU, so no GPU figure "
+         "(CUDA/Triton kernels, `torch.cuda.set_sync_debug_mode(\"error\")` syncs-per-step check) "
+         "has been measured yet." if cpu_only else "Figures marked GPU were measured on the GPU above; the rest on CPU."),
+        "",
+        "Generated by `python bench/report.py` from `bench/results/*.csv` (write them with "
+        "`python bench/run_all.py [--quick]`). Every figure is a median over repeats; the CSVs "
+        "carry p20/p80 and the plots show the p20–p80 band. The machine was shared with other "
+        "jobs while measuring (2 cores): ratios are more reliable than absolute times.",
+        "",
+        "## Targets",
+        "",
+        "| benchmark | ratio | target | measured | status |",
+        "|---|---|---|---|---|",
+    ]
+    for bench, what, goal, meas, ok in targets:
+        head.append(f"| {bench} | {what} | {goal} | {meas} | {_ok(ok)} |")
+    head.append("")
+    if pngs:
+        head += ["Plots: " + ", ".join(f"[`{p.name}`](../bench/results/{p.name})" for p in pngs), ""]
+    text = "\n".join(head + sections) + f"\n_Report generated {now.strftime('%Y-%m-%d %H:%M UTC')}._\n"
+    doc = Path(doc)
+    doc.parent.mkdir(parents=True, exist_ok=True)
+    doc.write_text(text)
+    return text
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--results", default=str(RESULTS))
+    p.add_argument("--doc", default=str(DOC))
+    p.add_argument("--no-plots", action="store_true")
+    a = p.parse_args(argv)
+    text = build(Path(a.results), Path(a.doc), plots=not a.no_plots)
+    print(text.split("## Per-step")[0])
+    print(f"report: wrote {a.doc}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

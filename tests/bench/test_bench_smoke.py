@@ -1,0 +1,129 @@
+"""Smoke tests of bench/: every script runs in its tiny mode and writes well-formed
+CSV/PNG/markdown, and every provider computes the same values as torchmetrics.
+
+Nothing here asserts a timing (the figures of a tiny run are meaningless).
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+BENCH = ROOT / "bench"
+sys.path.insert(0, str(BENCH))
+
+import providers as pv  # noqa: E402
+
+needs_harness = pytest.mark.skipif(not (BENCH / "harness.py").exists(), reason="bench/harness.py not there yet")
+
+
+def _env():
+    return dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+
+
+def _rows(path: Path) -> list[dict]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    doc = out / "performance.md"
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / "run_all.py"), "--tiny", "--results", str(out), "--doc", str(doc),
+         "--only", "update", "sync", "training"],
+        cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=900,
+    )
+    assert proc.returncode == 0, f"run_all --tiny failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+    return out, doc
+
+
+@needs_harness
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("name,providers", [
+    ("update", set(pv.UPDATE_PROVIDERS)),
+    ("sync", {"d9d", "d9d_compute", "torchmetrics", "torcheval", "raw_all_reduce"}),
+    ("training", {"none", "d9d", "torchmetrics", "torchmetrics_fast"}),
+])
+def test_csv_well_formed(tiny_run, name, providers):
+    out, _ = tiny_run
+    rows = _rows(out / f"{name}.csv")
+    assert rows, name
+    assert {r["provider"] for r in rows} == providers
+    cols = set(rows[0])
+    assert {"provider", "shape"} <= cols
+    # the report reads every row's quantiles (whatever the unit); they are ordered
+    sys.path.insert(0, str(BENCH))
+    import report
+
+    for r in report.load(out / f"{name}.csv"):
+        assert 0 < r["_p20"] <= r["_p50"] <= r["_p80"], r
+    assert (out / f"{name}.png").stat().st_size > 1000
+
+
+@needs_harness
+@pytest.mark.timeout(900)
+def test_report_table(tiny_run):
+    _, doc = tiny_run
+    text = doc.read_text()
+    assert "## Targets" in text and "| benchmark |" in text
+    for what in ("torchmetrics (default)", "torcheval", "plain torch", "raw all_reduce", "≤ 2 %"):
+        assert what in text, what
+    if not torch.cuda.is_available():
+        assert "CPU-only" in text
+    assert "cores" in text  # machine description
+
+
+@pytest.mark.parametrize("C,N", [(10, 257), (37, 64)])
+def test_update_providers_agree_with_torchmetrics(C, N):
+    """Every bench_update provider computes what torchmetrics computes on the same data."""
+    ref = pv.TorchmetricsUpdateGroup(C, compute_groups=False)
+    groups = {p: pv.make_update_group(p, C) for p in pv.UPDATE_PROVIDERS}
+    for step in range(3):
+        inp = pv.update_inputs(N + step, C, seed=step)
+        ref.update(*inp)
+        for g in groups.values():
+            g.update(*inp)
+    want = ref.compute()
+    for p, g in groups.items():
+        got = g.compute()
+        assert set(got) >= set(pv.UPDATE_KEYS), p
+        for k in pv.UPDATE_KEYS:
+            if p == "torchmetrics" and k == "top5":
+                continue  # automatic compute groups may merge top5 into top-1 (see demo._TM)
+            torch.testing.assert_close(got[k].double().cpu(), want[k].double(), rtol=1e-6, atol=1e-6,
+                                       msg=lambda m: f"{p}/{k}: {m}")
+
+
+def _sync_fn(rank, world):
+    import providers as pv  # noqa: F811
+
+    K = 7
+    logits, target, loss, n = pv.update_inputs(40 + 9 * rank, pv.SYNC_C, seed=rank)
+    out = {}
+    for p in ("d9d", "torchmetrics", "torcheval"):
+        g = pv.make_sync_group(p, K)
+        g.update(logits, target, loss, n)
+        out[p] = {k: float(v) for k, v in g.sync_compute().items()}
+    return out
+
+
+@pytest.mark.timeout(300)
+def test_sync_providers_agree():
+    """bench_sync's groups compute the same global values with every provider (2 gloo ranks)."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from dist_utils import run_distributed
+
+    res = run_distributed(_sync_fn, 2, timeout=240)
+    for r in res:
+        for p in ("d9d", "torcheval"):
+            for k, v in r["torchmetrics"].items():
+                assert abs(r[p][k] - v) <= 1e-5 * max(1, abs(v)), (p, k, r[p][k], v)

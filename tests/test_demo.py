@@ -1,0 +1,57 @@
+"""`make demo` in its quick mode: runs, writes well-formed results, agrees with torchmetrics.
+
+No timing is asserted (the overhead figures are reported, not tested).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.timeout(600)
+def test_demo_quick(tmp_path):
+    out = tmp_path / "demo"
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run(
+        [sys.executable, "-m", "d9d_kernels.demo", "--quick", "--steps", "20", "--log-every", "5",
+         "--out", str(out), "--timeout", "400"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=500,
+    )
+    assert proc.returncode == 0, f"demo failed:\nSTDOUT:\n{proc.stdout[-4000:]}\nSTDERR:\n{proc.stderr[-4000:]}"
+    text = proc.stdout + proc.stderr
+    # a table row per logging step, then the summary
+    for word in ("step", "loss", "acc", "top5", "f1", "auroc", "gnorm_max", "== summary", "torchmetrics", "overhead"):
+        assert word in text, word
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [5, 10, 15, 20]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["world_size"] == 2
+    # uneven shards: the global sample count is the sum of the per-rank batches
+    b0, b1 = (s["batch"] for s in summary["shards"])
+    assert b0 != b1
+    assert rows[-1]["samples"] == 20 * (b0 + b1)
+    # our final global values equal torchmetrics' on the same batches
+    checks = {c["metric"]: c for c in summary["check"]}
+    assert set(checks) >= {"loss", "acc", "top5", "f1", "auroc", "gnorm_max"}
+    assert summary["all_match"], checks
+    for c in checks.values():
+        assert c["abs_diff"] <= c["tol"], c
+    # the overhead table was measured for the three variants
+    for v in ("none", "torchmetrics", "d9d"):
+        st = summary["step_time"][v]
+        assert st["steps"] > 0 and st["p20_ms"] <= st["median_ms"] <= st["p80_ms"]
+
+
+def test_demo_rejects_bad_flags():
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, "-m", "d9d_kernels.demo", "--world-size", "0"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
