@@ -5,6 +5,7 @@ nothing. ``backends()`` lists what can run here; ``backend=`` or the
 ``D9D_KERNELS_BACKEND`` environment variable forces one.
 """
 
+from d9d_kernels.ops import _fake  # noqa: F401  (register_fake of the compiled ops)
 from d9d_kernels.ops._dispatch import backends
 from d9d_kernels.ops.binary_stats import binary_stats
 from d9d_kernels.ops.class_stats import class_stats

@@ -49,3 +49,35 @@ def noncontig(x: torch.Tensor) -> torch.Tensor:
     out = buf[..., ::2]
     assert not out.is_contiguous() or x.numel() <= 1
     return out
+
+
+# ---- contract helpers: opcheck, torch.compile, bad input ---------------------------------
+
+import pytest  # noqa: E402
+
+import d9d_kernels as dk  # noqa: E402
+
+needs_cpp = pytest.mark.skipif("cpp" not in dk.ops.backends(), reason="compiled extension d9d_kernels._C not built")
+
+
+def assert_rejects(fn, op: str, arg: str, states) -> None:
+    """fn() raises an error naming the op and the argument; `states` are unchanged."""
+    before = [s.clone() for s in states if s is not None and s.device.type != "meta"]
+    with pytest.raises((ValueError, TypeError, RuntimeError)) as ei:
+        fn()
+    msg = str(ei.value)
+    assert f"d9d_kernels.{op}" in msg and f"'{arg}'" in msg, msg
+    after = [s for s in states if s is not None and s.device.type != "meta"]
+    for a, b in zip(after, before):
+        assert_counts_equal(a, b, f"state changed by a rejected call ({arg})")
+
+
+def assert_compiled_matches_eager(fn, make_args) -> None:
+    """fn(*args) under torch.compile(fullgraph=True) leaves the same state as eager."""
+    torch._dynamo.reset()
+    eager, compiled = make_args(), make_args()
+    fn(*eager)
+    torch.compile(fn, fullgraph=True)(*compiled)
+    for a, b in zip(eager, compiled):
+        if isinstance(a, torch.Tensor) and a.dtype == torch.float64:
+            assert_sums_close(b, a, "compiled vs eager", rtol=1e-12)

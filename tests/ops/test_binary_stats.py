@@ -105,3 +105,63 @@ def test_hypothesis(n, L, kind, scale, threshold, with_mask, ignore, seed):
     for b in dk.ops.backends():
         if b in ("cpp", "torch"):
             run_and_compare(b, preds, target, mask, threshold=threshold, ignore_index=ignore, input_kind=kind)
+
+
+# ---- contracts: opcheck, torch.compile, bad input ----------------------------------------
+from op_utils import assert_compiled_matches_eager, assert_rejects, needs_cpp  # noqa: E402
+
+
+@needs_cpp
+def test_opcheck():
+    p, t, m = torch.randn(30, 3), torch.randint(0, 2, (30, 3)), torch.rand(30, 3) > 0.2
+    op = torch.ops.d9d_kernels.binary_stats.default
+    torch.library.opcheck(op, (p, t, m, 0.5, None, 2, f64(3, 4), f64(1)))
+    torch.library.opcheck(op, (p.half(), t, None, 0.3, 0, 1, f64(3, 4), f64(1)))
+    torch.library.opcheck(op, (t, t, None, 0.5, None, 0, f64(3, 4), f64(1)))
+
+
+@pytest.mark.parametrize("impl", ["cpp", "torch"])
+def test_compile_matches_eager(impl):
+    if impl not in dk.ops.backends():
+        pytest.skip(f"{impl} not available")
+    p, t = torch.randn(16, 3), torch.randint(0, 2, (16, 3))
+
+    def fn(state, bad):
+        dk.ops.binary_stats(p, t, p > -1, state=state, bad=bad, threshold=0.4, backend=impl)
+
+    assert_compiled_matches_eager(fn, lambda: (f64(3, 4), f64(1)))
+
+
+def test_bad_input_wrapper():
+    op = "binary_stats"
+    p, t = torch.rand(8, 3), torch.randint(0, 2, (8, 3))
+    st, bd = f64(3, 4), f64(1)
+    call = lambda **kw: dk.ops.binary_stats(**{"preds": p, "target": t, "state": st, "bad": bd, **kw})  # noqa: E731
+    assert_rejects(lambda: call(target=t[:, :2]), op, "target", [st, bd])
+    assert_rejects(lambda: call(mask=torch.ones(8, 3)), op, "mask", [st, bd])
+    assert_rejects(lambda: call(input_kind=3), op, "input_kind", [st, bd])
+    assert_rejects(lambda: call(state=f64(2, 4)), op, "state", [st, bd])
+    assert_rejects(lambda: call(state=torch.zeros(3, 4)), op, "state", [st, bd])
+    assert_rejects(lambda: call(state=f64(4, 3).t()), op, "state", [st, bd])
+    assert_rejects(lambda: call(state=st.to("meta")), op, "state", [st, bd])
+    assert_rejects(lambda: call(bad=f64(1, 1)), op, "bad", [st, bd])
+
+
+@needs_cpp
+def test_bad_input_direct_op():
+    op = "binary_stats"
+    p, t = torch.rand(8, 3), torch.randint(0, 2, (8, 3))
+    st, bd = f64(3, 4), f64(1)
+
+    def call(preds=p, target=t, mask=None, kind=2, state=st, bad=bd):
+        torch.ops.d9d_kernels.binary_stats(preds, target, mask, 0.5, None, kind, state, bad)
+
+    assert_rejects(lambda: call(preds=p.reshape(-1)), op, "preds", [st, bd])
+    assert_rejects(lambda: call(target=t.float()), op, "target", [st, bd])
+    assert_rejects(lambda: call(target=t[:4]), op, "target", [st, bd])
+    assert_rejects(lambda: call(mask=torch.ones(8, 2, dtype=torch.bool)), op, "mask", [st, bd])
+    assert_rejects(lambda: call(kind=-1), op, "input_kind", [st, bd])
+    assert_rejects(lambda: call(state=f64(3, 5)), op, "state", [st, bd])
+    assert_rejects(lambda: call(state=f64(4, 3).t()), op, "state", [st, bd])
+    assert_rejects(lambda: call(state=st.to("meta")), op, "state", [st, bd])
+    assert_rejects(lambda: call(bad=torch.zeros(1)), op, "bad", [st, bd])

@@ -133,3 +133,89 @@ def test_hypothesis(n, C, use_scores, k_extra, with_mask, ignore, lo_res, seed):
     for b in dk.ops.backends():
         if b in ("cpp", "torch"):
             run_and_compare(b, preds, target, mask, C=C, top_ks=top_ks, nll=use_scores, ignore_index=ignore)
+
+
+# ---- contracts: opcheck, torch.compile, bad input ----------------------------------------
+from op_utils import assert_compiled_matches_eager, assert_rejects, needs_cpp  # noqa: E402
+
+
+@needs_cpp
+def test_opcheck():
+    p, t, m = torch.randn(40, 6), torch.randint(0, 6, (40,)), torch.rand(40) > 0.2
+    op = torch.ops.d9d_kernels.class_stats.default
+    torch.library.opcheck(op, (p, t, m, 6, None, [1, 3], True, f64(2, 3, 6), f64(6, 6), f64(2), f64(1)))
+    torch.library.opcheck(op, (p.bfloat16(), t, None, 6, 2, [6], False, f64(1, 3, 6), None, f64(2), f64(1)))
+    torch.library.opcheck(op, (t.flip(0), t, m, 6, None, [1], False, f64(1, 3, 6), f64(6, 6), f64(2), f64(1)))
+
+
+@pytest.mark.parametrize("scores", [False, True])
+@pytest.mark.parametrize("impl", ["cpp", "torch"])
+def test_compile_matches_eager(impl, scores):
+    if impl not in dk.ops.backends():
+        pytest.skip(f"{impl} not available")
+    C = 7
+    t = torch.randint(0, C, (4, 9))
+    p = torch.randn(4, 9, C) if scores else torch.randint(0, C, (4, 9))
+    ks = (1, 3) if scores else (1,)
+
+    def fn(stats, confmat, extras, bad):
+        dk.ops.class_stats(p, t, t != 2, num_classes=C, stats=stats, confmat=confmat, extras=extras, bad=bad,
+                           top_ks=ks, nll=scores, ignore_index=5, backend=impl)
+
+    assert_compiled_matches_eager(fn, lambda: (f64(len(ks), 3, C), f64(C, C), f64(2), f64(1)))
+
+
+def _states(K=1, C=5):
+    return dict(stats=f64(K, 3, C), extras=f64(2), bad=f64(1), confmat=f64(C, C))
+
+
+def test_bad_input_wrapper():
+    C, op = 5, "class_stats"
+    p, t = torch.randn(8, C), torch.randint(0, C, (8,))
+    s = _states(1, C)
+    keep = list(s.values())
+    call = lambda **kw: dk.ops.class_stats(**{"preds": p, "target": t, "num_classes": C, **s, **kw})  # noqa: E731
+    assert_rejects(lambda: call(preds=torch.randn(8, C + 1)), op, "preds", keep)
+    assert_rejects(lambda: call(preds=torch.randint(0, C, (9,))), op, "preds", keep)
+    assert_rejects(lambda: call(mask=torch.ones(8)), op, "mask", keep)
+    assert_rejects(lambda: call(top_ks=(0,)), op, "top_ks", keep)
+    assert_rejects(lambda: call(top_ks=(C + 1,)), op, "top_ks", keep)
+    assert_rejects(lambda: call(top_ks=(2, 2)), op, "top_ks", keep)
+    assert_rejects(lambda: call(preds=t, top_ks=(2,)), op, "top_ks", keep)
+    assert_rejects(lambda: call(preds=t, nll=True), op, "nll", keep)
+    assert_rejects(lambda: call(stats=f64(2, 3, C)), op, "stats", keep)
+    assert_rejects(lambda: call(stats=torch.zeros(1, 3, C)), op, "stats", keep)
+    assert_rejects(lambda: call(stats=f64(1, 3, 2 * C)[..., ::2]), op, "stats", keep)
+    assert_rejects(lambda: call(stats=s["stats"].to("meta")), op, "stats", keep)
+    assert_rejects(lambda: call(confmat=f64(C, C + 1)), op, "confmat", keep)
+    assert_rejects(lambda: call(extras=f64(3)), op, "extras", keep)
+    assert_rejects(lambda: call(bad=f64(1).float()), op, "bad", keep)
+
+
+@needs_cpp
+def test_bad_input_direct_op():
+    C, op = 5, "class_stats"
+    p, t = torch.randn(8, C), torch.randint(0, C, (8,))
+    st, cm, ex, bd = f64(1, 3, C), f64(C, C), f64(2), f64(1)
+    keep = [st, cm, ex, bd]
+
+    def call(preds=p, target=t, mask=None, num_classes=C, ks=(1,), nll=False, stats=st, confmat=cm, extras=ex, bad=bd):
+        torch.ops.d9d_kernels.class_stats(preds, target, mask, num_classes, None, list(ks), nll, stats, confmat, extras, bad)
+
+    assert_rejects(lambda: call(num_classes=0), op, "num_classes", keep)
+    assert_rejects(lambda: call(target=t.int()), op, "target", keep)
+    assert_rejects(lambda: call(preds=p[:, :4]), op, "preds", keep)
+    assert_rejects(lambda: call(preds=t.int()), op, "preds", keep)
+    assert_rejects(lambda: call(mask=torch.ones(7, dtype=torch.bool)), op, "mask", keep)
+    assert_rejects(lambda: call(ks=(0,)), op, "top_ks", keep)
+    assert_rejects(lambda: call(ks=(6,)), op, "top_ks", keep)
+    assert_rejects(lambda: call(ks=(1, 1), stats=f64(2, 3, C)), op, "top_ks", keep)
+    assert_rejects(lambda: call(ks=()), op, "top_ks", keep)
+    assert_rejects(lambda: call(preds=t, nll=True), op, "nll", keep)
+    assert_rejects(lambda: call(stats=f64(1, 3, C + 1)), op, "stats", keep)
+    assert_rejects(lambda: call(stats=torch.zeros(1, 3, C)), op, "stats", keep)
+    assert_rejects(lambda: call(stats=f64(1, 3, 2 * C)[..., ::2]), op, "stats", keep)
+    assert_rejects(lambda: call(stats=st.to("meta")), op, "stats", keep)
+    assert_rejects(lambda: call(confmat=f64(C, 1)), op, "confmat", keep)
+    assert_rejects(lambda: call(extras=f64(1)), op, "extras", keep)
+    assert_rejects(lambda: call(bad=f64(2)), op, "bad", keep)

@@ -65,3 +65,59 @@ def test_hypothesis(n, skip_bad, with_mask, bad_frac, seed):
     for b in dk.ops.backends():
         if b in ("cpp", "torch"):
             run_and_compare(b, x, mask, skip_bad)
+
+
+# ---- contracts: opcheck, torch.compile, bad input ----------------------------------------
+from op_utils import assert_compiled_matches_eager, assert_rejects, needs_cpp  # noqa: E402
+
+
+@needs_cpp
+def test_opcheck():
+    x, m = torch.randn(50), torch.rand(50) > 0.5
+    op = torch.ops.d9d_kernels.running_extrema.default
+    torch.library.opcheck(op, (x, m, False, f64(2, fill=NEG_INF), f64(1)))
+    torch.library.opcheck(op, (x.half(), None, True, f64(2, fill=NEG_INF), f64(1)))
+
+
+@pytest.mark.parametrize("impl", ["cpp", "torch"])
+def test_compile_matches_eager(impl):
+    if impl not in dk.ops.backends():
+        pytest.skip(f"{impl} not available")
+    x = torch.randn(3, 40)
+
+    def fn(state, bad):
+        dk.ops.running_extrema(x, x < 1, state=state, bad=bad, backend=impl)
+
+    assert_compiled_matches_eager(fn, lambda: (f64(2, fill=NEG_INF), f64(1)))
+
+
+def test_bad_input_wrapper():
+    op = "running_extrema"
+    x = torch.randn(10)
+    st, bd = f64(2, fill=NEG_INF), f64(1)
+    call = lambda **kw: dk.ops.running_extrema(**{"x": x, "state": st, "bad": bd, **kw})  # noqa: E731
+    assert_rejects(lambda: call(mask=torch.ones(10)), op, "mask", [st, bd])
+    assert_rejects(lambda: call(mask=torch.ones(3, dtype=torch.bool)), op, "mask", [st, bd])
+    assert_rejects(lambda: call(state=f64(3)), op, "state", [st, bd])
+    assert_rejects(lambda: call(state=torch.zeros(2)), op, "state", [st, bd])
+    assert_rejects(lambda: call(state=f64(4)[::2]), op, "state", [st, bd])
+    assert_rejects(lambda: call(state=st.to("meta")), op, "state", [st, bd])
+    assert_rejects(lambda: call(bad=f64(2)), op, "bad", [st, bd])
+
+
+@needs_cpp
+def test_bad_input_direct_op():
+    op = "running_extrema"
+    x = torch.randn(10)
+    st, bd = f64(2, fill=NEG_INF), f64(1)
+
+    def call(x=x, mask=None, state=st, bad=bd):
+        torch.ops.d9d_kernels.running_extrema(x, mask, False, state, bad)
+
+    assert_rejects(lambda: call(x=x.int()), op, "x", [st, bd])
+    assert_rejects(lambda: call(x=x.reshape(2, 5)), op, "x", [st, bd])
+    assert_rejects(lambda: call(mask=torch.ones(10, dtype=torch.uint8)), op, "mask", [st, bd])
+    assert_rejects(lambda: call(state=f64(1)), op, "state", [st, bd])
+    assert_rejects(lambda: call(state=f64(4)[::2]), op, "state", [st, bd])
+    assert_rejects(lambda: call(state=st.to("meta")), op, "state", [st, bd])
+    assert_rejects(lambda: call(bad=torch.zeros(1, dtype=torch.float32)), op, "bad", [st, bd])

@@ -101,3 +101,68 @@ def test_hypothesis(n, L, B, multiclass, kind, scale, with_mask, seed):
     for b in dk.ops.backends():
         if b in ("cpp", "torch"):
             run_and_compare(b, preds, target, mask, B=B, multiclass=multiclass, ignore_index=-1, input_kind=kind)
+
+
+# ---- contracts: opcheck, torch.compile, bad input ----------------------------------------
+from op_utils import assert_compiled_matches_eager, assert_rejects, needs_cpp  # noqa: E402
+
+
+@needs_cpp
+def test_opcheck():
+    p, t, m = torch.randn(30, 3), torch.randint(0, 2, (30, 3)), torch.rand(30, 3) > 0.2
+    op = torch.ops.d9d_kernels.score_histogram.default
+    torch.library.opcheck(op, (p, t, m, None, 2, False, f64(2, 3, 8), f64(1)))
+    torch.library.opcheck(op, (p.bfloat16(), t[:, 0], m[:, 0], 1, 1, True, f64(2, 3, 5), f64(1)))
+
+
+@pytest.mark.parametrize("multiclass", [False, True])
+@pytest.mark.parametrize("impl", ["cpp", "torch"])
+def test_compile_matches_eager(impl, multiclass):
+    if impl not in dk.ops.backends():
+        pytest.skip(f"{impl} not available")
+    p = torch.randn(16, 4)
+    t = torch.randint(0, 4, (16,)) if multiclass else torch.randint(0, 2, (16, 4))
+
+    def fn(hist, bad):
+        dk.ops.score_histogram(p, t, t != 3, hist=hist, bad=bad, multiclass=multiclass, backend=impl)
+
+    assert_compiled_matches_eager(fn, lambda: (f64(2, 4, 10), f64(1)))
+
+
+def test_bad_input_wrapper():
+    op = "score_histogram"
+    p, t = torch.rand(8, 3), torch.randint(0, 2, (8, 3))
+    h, bd = f64(2, 3, 5), f64(1)
+    call = lambda **kw: dk.ops.score_histogram(**{"preds": p, "target": t, "hist": h, "bad": bd, **kw})  # noqa: E731
+    assert_rejects(lambda: call(target=t[:, :2]), op, "target", [h, bd])
+    assert_rejects(lambda: call(multiclass=True), op, "preds", [h, bd])
+    assert_rejects(lambda: call(mask=torch.ones(8, 3)), op, "mask", [h, bd])
+    assert_rejects(lambda: call(input_kind=7), op, "input_kind", [h, bd])
+    assert_rejects(lambda: call(hist=f64(2, 2, 5)), op, "hist", [h, bd])
+    assert_rejects(lambda: call(hist=f64(3, 3, 5)), op, "hist", [h, bd])
+    assert_rejects(lambda: call(hist=torch.zeros(2, 3, 5)), op, "hist", [h, bd])
+    assert_rejects(lambda: call(hist=f64(2, 3, 10)[..., ::2]), op, "hist", [h, bd])
+    assert_rejects(lambda: call(hist=h.to("meta")), op, "hist", [h, bd])
+    assert_rejects(lambda: call(bad=f64(0)), op, "bad", [h, bd])
+
+
+@needs_cpp
+def test_bad_input_direct_op():
+    op = "score_histogram"
+    p, t = torch.rand(8, 3), torch.randint(0, 2, (8, 3))
+    h, bd = f64(2, 3, 5), f64(1)
+
+    def call(preds=p, target=t, mask=None, kind=2, multiclass=False, hist=h, bad=bd):
+        torch.ops.d9d_kernels.score_histogram(preds, target, mask, None, kind, multiclass, hist, bad)
+
+    assert_rejects(lambda: call(preds=t), op, "preds", [h, bd])
+    assert_rejects(lambda: call(preds=p.reshape(-1)), op, "preds", [h, bd])
+    assert_rejects(lambda: call(target=t.bool()), op, "target", [h, bd])
+    assert_rejects(lambda: call(multiclass=True), op, "target", [h, bd])
+    assert_rejects(lambda: call(mask=torch.ones(8, dtype=torch.bool)), op, "mask", [h, bd])
+    assert_rejects(lambda: call(kind=3), op, "input_kind", [h, bd])
+    assert_rejects(lambda: call(hist=f64(2, 3, 0)), op, "hist", [h, bd])
+    assert_rejects(lambda: call(hist=f64(2, 4, 5)), op, "hist", [h, bd])
+    assert_rejects(lambda: call(hist=f64(2, 3, 10)[..., ::2]), op, "hist", [h, bd])
+    assert_rejects(lambda: call(hist=h.to("meta")), op, "hist", [h, bd])
+    assert_rejects(lambda: call(bad=f64(2)), op, "bad", [h, bd])

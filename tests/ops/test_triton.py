@@ -1,0 +1,359 @@
+"""Triton backend: each launcher vs d9d_kernels.reference, op registration, routing.
+
+Runs on CPU tensors through TRITON_INTERPRET=1 (set by conftest.py before any
+`import triton`); inputs are kept small because every program instance costs
+milliseconds in the interpreter. The per-op files (test_<op>.py) also run the
+triton backend through the `backend` fixture; this file adds the adversarial
+cases specific to the Triton tiling (tile edges, ties across column tiles,
+pivots, input-kind inference) and the torch.library / dispatch plumbing.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+
+import pytest
+import torch
+from op_utils import FLOAT_DTYPES, assert_counts_equal, assert_sums_close, f64, noncontig, sprinkle
+
+import d9d_kernels as dk
+from d9d_kernels import reference
+
+pytestmark = [
+    pytest.mark.skipif(
+        not dk._extension.triton_usable(torch.device("cpu")), reason="triton not installed or TRITON_INTERPRET unset"
+    ),
+    # numpy warns when the interpreter computes NaN/Inf lanes that are masked out afterwards
+    pytest.mark.filterwarnings("ignore::RuntimeWarning"),
+]
+
+OPS = ("weighted_moments", "class_stats", "binary_stats", "score_histogram", "running_extrema")
+NAN, INF = float("nan"), float("inf")
+
+
+def tr(op: str):
+    """The Triton launcher of `op` (same positional arguments as the reference)."""
+    return getattr(importlib.import_module(f"d9d_kernels.triton.{op}"), op)
+
+
+def both(op: str, args: tuple, states: list, sums: tuple[int, ...] = ()):
+    """Runs the reference and the Triton launcher on copies of `states`; compares them.
+
+    Counts must match exactly; the state tensors whose position is in `sums`
+    hold float sums and must match to float64 rounding.
+    """
+    want = [None if s is None else s.clone() for s in states]
+    got = [None if s is None else s.clone() for s in states]
+    getattr(reference, op)(*args, *want)
+    tr(op)(*args, *got)
+    for i, (g, w) in enumerate(zip(got, want)):
+        if w is None:
+            continue
+        if i in sums:
+            assert_sums_close(g, w, f"{op} state {i}", rtol=1e-11)
+        else:
+            assert_counts_equal(g, w, f"{op} state {i}")
+    return got
+
+
+# ---- weighted_moments ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("n", [0, 1, 5, 123, 20_000])
+def test_weighted_moments_vs_reference(dtype, n):
+    x = sprinkle(torch.randn(n) * 3 + 1000).to(dtype)
+    y = sprinkle(torch.randn(n)).to(dtype)
+    w = sprinkle(torch.rand(n), values=(NAN, INF, 0.0)).to(dtype)
+    mask = torch.rand(n) > 0.3
+    for skip_bad in (False, True):
+        for args in [(x, None, None, None), (x, y, w, mask), (x, y, None, None), (x, None, w, mask)]:
+            # pivot unset (NaN), no pivot, and a non-zero start state
+            both("weighted_moments", (*args, skip_bad), [f64(9), f64(1), f64(2, fill=NAN)], sums=(0, 2))
+            both("weighted_moments", (*args, skip_bad), [f64(9, fill=1.5), f64(1, fill=2.0), None], sums=(0,))
+
+
+def test_weighted_moments_pivots():
+    x = torch.tensor([NAN, 5.0, 7.0, 9.0], dtype=torch.float64)
+    y = torch.tensor([1.0, INF, 3.0, 4.0], dtype=torch.float64)
+    mask = torch.tensor([True, True, True, False])
+    # first good element is index 2 (0 has NaN x, 1 has Inf y)
+    got = both("weighted_moments", (x, y, None, mask, True), [f64(9), f64(1), f64(2, fill=NAN)], sums=(0,))
+    assert got[2].tolist() == [7.0, 3.0]
+    assert got[1].item() == 2.0
+    # a set pivot stays; an unset one is set independently
+    got = both("weighted_moments", (x, y, None, mask, True), [f64(9), f64(1), torch.tensor([1.0, NAN], dtype=torch.float64)], sums=(0,))
+    assert got[2].tolist() == [1.0, 3.0]
+    # no good element: the pivot stays unset, sums are about 0
+    got = both("weighted_moments", (x[:2], y[:2], None, None, False), [f64(9), f64(1), f64(2, fill=NAN)], sums=(0,))
+    assert torch.isnan(got[2]).all() and torch.isnan(got[0][1])
+    # the good element sits in a later program (index > one block of the interpreter)
+    big = torch.full((20_000,), NAN)
+    big[17_777] = 2.5
+    got = both("weighted_moments", (big, None, None, None, True), [f64(9), f64(1), f64(2, fill=NAN)], sums=(0,))
+    assert got[2][0].item() == 2.5 and torch.isnan(got[2][1])
+
+
+# ---- running_extrema ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("n", [0, 1, 123, 20_000])
+def test_running_extrema_vs_reference(dtype, n):
+    x = sprinkle(torch.randn(n) * 100).to(dtype)
+    mask = torch.rand(n) > 0.5
+    for skip_bad in (False, True):
+        for m in (None, mask):
+            for init in ([-INF, -INF], [NAN, 0.0], [1e9, 1e9]):
+                both("running_extrema", (x, m, skip_bad), [torch.tensor(init, dtype=torch.float64), f64(1)])
+
+
+def test_running_extrema_nan_propagation():
+    x = torch.tensor([1.0, NAN, -INF, 3.0])
+    got = both("running_extrema", (x, None, False), [f64(2, fill=-INF), f64(1)])
+    assert torch.isnan(got[0]).all() and got[1].item() == 2.0
+    got = both("running_extrema", (x, None, True), [f64(2, fill=-INF), f64(1)])
+    assert got[0].tolist() == [3.0, INF]
+    # a masked-out NaN changes nothing
+    got = both("running_extrema", (x, torch.tensor([True, False, False, True]), False), [f64(2, fill=-INF), f64(1)])
+    assert got[0].tolist() == [3.0, -1.0] and got[1].item() == 0.0
+
+
+# ---- binary_stats / score_histogram ---------------------------------------------------------
+
+
+def _binary_inputs(n, L, dtype, scale):
+    p = (torch.rand(n, L) * scale - (scale - 1) / 2).to(dtype)
+    t = torch.randint(0, 2, (n, L))
+    if n >= 4:
+        p[0, 0], p[1, 0] = NAN, INF
+        t[2, 0], t[3, 0] = 2, -1
+    return p, t, torch.rand(n, L) > 0.2
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize(("n", "L"), [(0, 3), (1, 1), (5, 123), (300, 1), (40, 7)])
+def test_binary_stats_vs_reference(dtype, n, L):
+    for scale in (1.0, 6.0):  # probabilities / logits (INPUT_AUTO picks)
+        p, t, mask = _binary_inputs(n, L, dtype, scale)
+        for kind in (reference.INPUT_PROBS, reference.INPUT_LOGITS, reference.INPUT_AUTO):
+            for ignore, m in ((None, None), (-1, mask)):
+                both("binary_stats", (p, t, m, 0.5, ignore, kind), [f64(L, 4), f64(1)])
+                both("binary_stats", (p, t, m, 0.3, ignore, kind), [f64(L, 4, fill=1.0), f64(1)])
+
+
+def test_binary_stats_threshold_is_float64():
+    # 0.3 + 1e-12 > 0.3 only if the threshold is not rounded to float32 (0.30000001192...)
+    p = torch.tensor([[0.3 + 1e-12], [0.3], [0.3000001]], dtype=torch.float64)
+    t = torch.tensor([[1], [1], [0]])
+    got = both("binary_stats", (p, t, None, 0.3, None, reference.INPUT_PROBS), [f64(1, 4), f64(1)])
+    assert got[0].tolist() == [[1.0, 1.0, 0.0, 1.0]]
+    # logit 0 -> sigmoid 0.5, which is not > 0.5; integer preds are probabilities
+    both("binary_stats", (torch.zeros(2, 1), torch.tensor([[0], [1]]), None, 0.5, None, reference.INPUT_LOGITS), [f64(1, 4), f64(1)])
+    both("binary_stats", (torch.tensor([[0], [1], [2]]), torch.tensor([[0], [1], [1]]), None, 0.5, None, reference.INPUT_AUTO), [f64(1, 4), f64(1)])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("n", "L"), [(0, 2), (1, 1), (5, 123), (200, 3)])
+def test_score_histogram_binary_vs_reference(dtype, n, L):
+    for scale in (1.0, 6.0):
+        p, t, mask = _binary_inputs(n, L, dtype, scale)
+        for kind in (reference.INPUT_PROBS, reference.INPUT_LOGITS, reference.INPUT_AUTO):
+            for ignore, m in ((None, None), (-1, mask)):
+                both("score_histogram", (p, t, m, ignore, kind, False), [f64(2, L, 10), f64(1)])
+
+
+@pytest.mark.parametrize(("n", "C", "dtype"), [(0, 3, torch.float32), (1, 1, torch.float32), (5, 123, torch.float16),
+                                               (64, 700, torch.float32), (100, 4, torch.float64)])
+def test_score_histogram_multiclass_vs_reference(n, C, dtype):
+    for softmaxed in (True, False):
+        s = torch.randn(n, C) * 3
+        p = (torch.softmax(s, 1) if softmaxed else s).to(dtype)
+        t = torch.randint(0, C, (n,))
+        if n >= 4:
+            t[0], t[1] = C, -1  # out of range: bad
+            p[2, C - 1] = NAN
+        mask = torch.rand(n) > 0.2
+        for kind in (reference.INPUT_PROBS, reference.INPUT_LOGITS, reference.INPUT_AUTO):
+            for ignore, m in ((None, None), (-1, mask)):
+                both("score_histogram", (p, t, m, ignore, kind, True), [f64(2, C, 7), f64(1)])
+
+
+def test_score_histogram_bin_edges():
+    # bin = clamp(floor(p * B), 0, B - 1): 1.0 -> last bin; 0.5 -> bin 5 of 10; out of [0,1] clamps (PROBS)
+    p = torch.tensor([[0.0], [0.5], [1.0], [0.0999999], [1.7], [-3.0], [1e300]], dtype=torch.float64)
+    t = torch.ones(7, 1, dtype=torch.int64)
+    got = both("score_histogram", (p, t, None, None, reference.INPUT_PROBS, False), [f64(2, 1, 10), f64(1)])
+    assert got[0][0, 0].tolist() == [3.0, 0, 0, 0, 0, 1.0, 0, 0, 0, 3.0]
+
+
+# ---- class_stats --------------------------------------------------------------------------
+
+
+def _class_states(K, C, confmat=True):
+    return [f64(K, 3, C), f64(C, C) if confmat else None, f64(2), f64(1)]
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize(("n", "C"), [(0, 3), (1, 1), (5, 123), (64, 4), (16, 1100)])
+def test_class_stats_scores_vs_reference(dtype, n, C):
+    s = torch.randn(n, C)
+    if C >= 4:
+        s[:, :4] = torch.randint(0, 2, (n, 4)).float()  # many ties
+    s = sprinkle(s, frac=0.002).to(dtype)
+    t = torch.randint(0, C, (n,))
+    if n >= 3:
+        t[0], t[1], t[2] = C, -1, -100
+    mask = torch.rand(n) > 0.2
+    ks = sorted({1, min(2, C), min(5, C)})
+    for ignore, m in ((None, None), (-100, mask)):
+        both("class_stats", (s, t, m, C, ignore, ks, True), _class_states(len(ks), C), sums=(2,))
+        both("class_stats", (s, t, m, C, ignore, [1], False), _class_states(1, C, confmat=False))
+
+
+def test_class_stats_ties_across_column_tiles():
+    # C spans several BLOCK_C tiles: equal maxima in different tiles go to the lowest index
+    C = 1100
+    s = torch.zeros(6, C)
+    s[1, 600] = s[1, 1000] = 10.0
+    s[2, 1099] = 1.0
+    s[3, 5] = s[3, 700] = s[3, 1050] = -0.5  # all other entries (0) rank ahead
+    s[4] = torch.randint(0, 3, (C,)).float()
+    s[5, 3:] = -1.0
+    t = torch.tensor([4, 1000, 1099, 700, 0, 2])
+    got = both("class_stats", (s, t, None, C, None, [1, 3, 7], True), _class_states(3, C), sums=(2,))
+    argmax = got[1].argmax(1)  # confmat rows: target -> argmax
+    assert argmax[1000].item() == 600 and argmax[1099].item() == 1099 and argmax[4].item() == 0
+    # row 0 (all zeros): top-3 are classes 0, 1, 2, so target 4 is not a hit; 7 includes it
+    assert got[0][1, 0, 4].item() == 0.0 and got[0][2, 0, 4].item() == 1.0
+
+
+@pytest.mark.parametrize("n", [0, 1, 123, 20_000])
+def test_class_stats_indices_vs_reference(n):
+    C = 9
+    p = torch.randint(-1, C + 1, (n,))
+    t = torch.randint(-1, C + 1, (n,))
+    mask = torch.rand(n) > 0.3
+    for ignore, m in ((None, None), (3, mask)):
+        both("class_stats", (p, t, m, C, ignore, [1], False), _class_states(1, C))
+
+
+def test_class_stats_noncontiguous_scores():
+    s = noncontig(torch.randn(30, 12))
+    t = torch.randint(0, 12, (30,))
+    both("class_stats", (s, t, None, 12, None, [1, 4], True), _class_states(2, 12), sums=(2,))
+
+
+# ---- registration, fake tensors, torch.compile, routing -------------------------------------
+
+
+MUTATED = {
+    "weighted_moments": {"state", "bad", "pivot"},
+    "class_stats": {"stats", "confmat", "extras", "bad"},
+    "binary_stats": {"state", "bad"},
+    "score_histogram": {"hist", "bad"},
+    "running_extrema": {"state", "bad"},
+}
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_registered_as_mutating_torch_op(op):
+    tr(op)  # importing registers it
+    schema = getattr(torch.ops.d9d_kernels, f"{op}_triton").default._schema
+    written = {a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write}
+    assert written == MUTATED[op] and len(schema.returns) == 0, str(schema)
+    # same positional arguments as the reference
+    ref_args = list(inspect.signature(getattr(reference, op)).parameters)
+    assert [a.name for a in schema.arguments] == ref_args
+
+
+def _all_ops(x, p2, t2, s, t, state):
+    """One call of every op through dk.ops with backend="triton"."""
+    w, ex, cs, bs, h, b = state
+    dk.ops.weighted_moments(x, x * 2, state=w, bad=b, pivot=ex[:2], backend="triton")
+    dk.ops.running_extrema(x, state=ex[2:], bad=b, backend="triton")
+    dk.ops.class_stats(s, t, num_classes=s.shape[1], stats=cs[0], extras=cs[1], bad=b, top_ks=(1, 2), nll=True, backend="triton")
+    dk.ops.binary_stats(p2, t2, state=bs, bad=b, backend="triton")
+    dk.ops.score_histogram(p2, t2, hist=h, bad=b, backend="triton")
+
+
+def _all_ops_args():
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(50, generator=g)
+    p2, t2 = torch.rand(40, 3, generator=g), torch.randint(0, 2, (40, 3), generator=g)
+    s, t = torch.randn(20, 6, generator=g), torch.randint(0, 6, (20,), generator=g)
+    ex = torch.cat([f64(2, fill=NAN), f64(2, fill=-INF)])
+    state = (f64(9), ex, (f64(2, 3, 6), f64(2)), f64(3, 4), f64(2, 3, 8), f64(1))
+    return (x, p2, t2, s, t, state)
+
+
+def _flat(state):
+    out = []
+    for s in state:
+        out.extend(s if isinstance(s, tuple) else [s])
+    return out
+
+
+def test_fake_tensor_mode_runs_every_op():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode(allow_non_fake_inputs=False) as mode:
+        args = [mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in _all_ops_args()[:5]]
+        state = tuple(
+            tuple(mode.from_tensor(t) for t in s) if isinstance(s, tuple) else mode.from_tensor(s) for s in _all_ops_args()[5]
+        )
+        _all_ops(*args, state)  # must not launch anything nor raise
+    assert all(isinstance(s, torch._subclasses.FakeTensor) for s in _flat(state))
+
+
+def test_torch_compile_fullgraph_matches_eager():
+    torch._dynamo.reset()
+    eager, compiled = _all_ops_args(), _all_ops_args()
+    _all_ops(*eager)
+    torch.compile(_all_ops, fullgraph=True)(*compiled)
+    for a, b in zip(_flat(eager[5]), _flat(compiled[5])):
+        assert_sums_close(b, a, "compiled vs eager", rtol=1e-12)
+    assert _flat(eager[5])[0][0].item() == 50.0  # something was computed
+
+
+def test_env_backend_routes_cpu_tensors_to_triton(monkeypatch):
+    """D9D_KERNELS_BACKEND=triton on CPU tensors runs the Triton launchers (reference never called)."""
+    monkeypatch.setenv("D9D_KERNELS_BACKEND", "triton")
+    calls = []
+    for op in OPS:
+        mod = importlib.import_module(f"d9d_kernels.triton.{op}")
+        real = getattr(mod, op)
+
+        def spy(*args, _real=real, _op=op):
+            calls.append(_op)
+            return _real(*args)
+
+        monkeypatch.setattr(mod, op, spy)
+
+        def boom(*args, _op=op):
+            raise AssertionError(f"reference.{_op} called although the triton backend was forced")
+
+        monkeypatch.setattr(reference, op, boom)
+    args = _all_ops_args()
+    w, ex, cs, bs, h, b = args[5]
+    x, p2, t2, s, t = args[:5]
+    dk.ops.weighted_moments(x, state=w, bad=b)
+    dk.ops.running_extrema(x, state=ex[2:], bad=b)
+    dk.ops.class_stats(s, t, num_classes=6, stats=cs[0], extras=cs[1], bad=b, top_ks=(1, 2))
+    dk.ops.binary_stats(p2, t2, state=bs, bad=b)
+    dk.ops.score_histogram(p2, t2, hist=h, bad=b)
+    assert sorted(calls) == sorted(OPS)
+    monkeypatch.undo()
+    # and the results are the reference's
+    want = f64(9)
+    reference.weighted_moments(x, None, None, None, False, want, f64(1))
+    assert_sums_close(w, want, "weighted_moments via env backend")
+    assert cs[0][0, 2].sum().item() == 20.0 and bs.sum().item() == 120.0
+
+
+def test_triton_backend_listed_and_forced_backend_checked(monkeypatch):
+    assert "triton" in dk.ops.backends()
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(RuntimeError, match="triton"):
+        dk.ops.running_extrema(torch.ones(3), state=f64(2, fill=-INF), bad=f64(1), backend="triton")
