@@ -201,3 +201,32 @@ def test_nothing_found_is_a_note_not_an_error(tmp_path):
     assert any("no memory data" in n for n in r["notes"])
     r = memory.metric_cal(tmp_path / "missing")
     assert str(tmp_path / "missing") in r["errors"]
+
+
+def test_replay_on_torch_built_snapshot_with_device_traces():
+    """torch's own _memory_viz._profile_to_snapshot turns a memory profile into a
+    snapshot with device_traces; the replayed peak is the live-tensor peak we built."""
+    from torch.profiler import ProfilerActivity, profile
+
+    to_snapshot = getattr(mv, "_profile_to_snapshot", None)
+    if to_snapshot is None:
+        pytest.skip("this torch has no _memory_viz._profile_to_snapshot")
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True,
+                 with_stack=True) as p:
+        a = torch.ones(1_000_000)   # 4 MB
+        b = torch.ones(2_000_000)   # 8 MB   live: 12
+        del a                       #        live: 8
+        c = torch.ones(3_000_000)   # 12 MB  live: 20  <- peak by construction
+        del b                       #        live: 12
+        d = torch.ones(500_000)     # 2 MB   live: 14
+    snap = to_snapshot(p)
+    del c, d
+    # through pickle + the restricted unpickler, as a file on disk would go
+    from d9d_kernels.trace._unpickle import loads_snapshot
+
+    res = memory.analyze_snapshot(loads_snapshot(pickle.dumps(snap)))
+    (dev,) = res["devices"].values()
+    assert dev["peak_source"] == "device_traces"
+    assert dev["peak_allocated"]["value"] == 20_000_000
+    assert dev["block_allocated_at_snapshot"]["value"] == 14_000_000
+    assert dev["alloc_count"]["value"] == 4 and dev["free_completed_count"]["value"] == 2
