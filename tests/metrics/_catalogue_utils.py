@@ -6,6 +6,7 @@ from __future__ import annotations
 import warnings
 
 import numpy as np
+import pytest
 import torch
 
 IGNORE = -100
@@ -100,3 +101,12 @@ def close(actual: torch.Tensor, expected, atol=1e-12, msg=""):
     e = np.asarray(expected, dtype=np.float64)
     assert a.shape == e.shape, f"{msg}: shape {a.shape} != {e.shape}"
     np.testing.assert_allclose(a, e, rtol=0, atol=atol, err_msg=msg)
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Small tensors: intra-op threads only add contention on a shared 2-core box."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

@@ -13,7 +13,7 @@ from sklearn import metrics as skm
 from torchmetrics.functional import classification as tmf
 
 import d9d_kernels as dk
-from tests.metrics._catalogue_utils import IGNORE, binary_data, close, multiclass_data, quiet
+from tests.metrics._catalogue_utils import _one_thread, IGNORE, binary_data, close, multiclass_data, quiet  # noqa: F401
 
 AVERAGES = ["micro", "macro", "weighted", "none"]
 SK_RATIO = {
