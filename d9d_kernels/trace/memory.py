@@ -387,12 +387,18 @@ def metric_cal(trace_dir, workload_card_path=None, profile_mode: str = "auto") -
     ranks: dict[str, dict] = {}
     notes: list[str] = []
     errors: dict[str, str] = {}
-    if not Path(trace_dir).exists():
-        errors[str(trace_dir)] = "no such file or directory"
+    paths = [Path(p) for p in trace_dir] if isinstance(trace_dir, (list, tuple)) else [Path(trace_dir)]
+    for p in paths:
+        if not p.exists():
+            errors[str(p)] = "no such file or directory"
+    paths = [p for p in paths if p.exists()]
+    if not paths:
         return result(TOOL, notes=notes, errors=errors)
+    pickles_only = all(p.is_file() and p.suffix in (".pickle", ".pkl") for p in paths)
+    trace_inputs = [p for p in paths if not (p.is_file() and p.suffix in (".pickle", ".pkl"))]
 
     if use_snap:
-        found = find_snapshots(trace_dir)
+        found = [x for p in paths for x in find_snapshots(p)]
         # rank from the file name, else its position among unnamed snapshots
         unnamed = 0
         latest: dict[int, tuple] = {}
@@ -407,8 +413,11 @@ def metric_cal(trace_dir, workload_card_path=None, profile_mode: str = "auto") -
             for it, f in items:
                 try:
                     a = analyze_snapshot(load_snapshot(f), source=str(f))
-                except (SnapshotError, OSError) as exc:
-                    errors[str(f)] = str(exc)
+                except SnapshotError as exc:
+                    errors[str(f)] = exc.reason
+                    continue
+                except (TypeError, ValueError, KeyError, AttributeError, IndexError) as exc:
+                    errors[str(f)] = f"malformed memory snapshot ({type(exc).__name__}: {exc})"
                     continue
                 a["file"] = str(f)
                 a["iteration"] = it
@@ -426,10 +435,10 @@ def metric_cal(trace_dir, workload_card_path=None, profile_mode: str = "auto") -
         if not found:
             notes.append(f"no memory snapshot (*.pickle) under {trace_dir}")
 
-    if use_trace and not (Path(trace_dir).is_file()
-                                                  and Path(trace_dir).suffix in (".pickle", ".pkl")):
+    if use_trace and not pickles_only:
         any_events = False
-        for rank_key, doc in _trace_docs(trace_dir, errors, notes):
+        target = trace_inputs[0] if len(trace_inputs) == 1 else trace_inputs
+        for rank_key, doc in _trace_docs(target, errors, notes):
             ev = memory_events_from_trace(doc)
             if ev:
                 any_events = True

@@ -187,12 +187,20 @@ def _chart_step_time(results, plt):
         names.append(r)
         med.append(_val(d.get("step_time_median")) or 0)
     ax.bar(range(len(names)), med, color="tab:blue", alpha=0.7, label="median")
-    ax.set_xticks(range(len(names)), names, rotation=45 if len(names) > 8 else 0, fontsize=8)
+    _xticks(ax, names)
     unit = next((d.get("step_time_median", {}).get("unit") for _, d in rs
                  if _is_metric(d.get("step_time_median"))), "")
     ax.set_ylabel(f"step time ({unit})")
     ax.set_title("Per-rank step time (bar: median, dots: each ProfilerStep)")
     return fig
+
+
+def _xticks(ax, labels, fontsize=8):
+    """Rank labels on the x axis; beyond 24 bars only every k-th is written."""
+    n = len(labels)
+    step = max(1, -(-n // 24))
+    ax.set_xticks([i for i in range(n) if i % step == 0], [l for i, l in enumerate(labels) if i % step == 0],
+                  rotation=45 if n > 8 else 0, fontsize=fontsize)
 
 
 def _stacked(ax, labels, series: dict[str, list], title, ylabel):
@@ -201,7 +209,7 @@ def _stacked(ax, labels, series: dict[str, list], title, ylabel):
         vals = [v or 0.0 for v in vals]
         ax.bar(range(len(labels)), vals, bottom=bottom, label=name)
         bottom = [b + v for b, v in zip(bottom, vals)]
-    ax.set_xticks(range(len(labels)), labels, rotation=45 if len(labels) > 8 else 0, fontsize=8)
+    _xticks(ax, labels)
     ax.set_title(title)
     ax.set_ylabel(ylabel)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
@@ -263,7 +271,8 @@ def _chart_memory(results, plt):
         for dev, m in (d.get("trace_events") or {}).items():
             devs.setdefault(dev + " (trace)", m)
         for dev, m in devs.items():
-            labels.append(f"{r}\n{dev}")
+            star = " *" if m.get("peak_source") == "snapshot_state" else ""
+            labels.append(f"{r}\n{dev}{star}")
             res_.append((_val(m.get("peak_reserved")) or 0) / 2**30)
             alc.append((_val(m.get("peak_allocated")) or 0) / 2**30)
     if not labels:
@@ -272,9 +281,12 @@ def _chart_memory(results, plt):
     x = range(len(labels))
     ax.bar([i - 0.2 for i in x], res_, width=0.4, label="peak reserved")
     ax.bar([i + 0.2 for i in x], alc, width=0.4, label="peak allocated")
-    ax.set_xticks(list(x), labels, fontsize=7)
+    _xticks(ax, labels, fontsize=7)
     ax.set_ylabel("GiB")
-    ax.set_title("Memory per rank and device")
+    title = "Memory per rank and device"
+    if any(l.endswith(" *") for l in labels):
+        title += "\n(* no device_traces: snapshot-time values, not true peaks)"
+    ax.set_title(title, fontsize=10)
     ax.legend(fontsize=7)
     return fig
 

@@ -230,3 +230,14 @@ def test_replay_on_torch_built_snapshot_with_device_traces():
     assert dev["peak_allocated"]["value"] == 20_000_000
     assert dev["block_allocated_at_snapshot"]["value"] == 14_000_000
     assert dev["alloc_count"]["value"] == 4 and dev["free_completed_count"]["value"] == 2
+
+
+def test_malformed_values_and_list_input(tmp_path):
+    bad = tmp_path / "rank1_memory_snapshot.pickle"
+    bad.write_bytes(pickle.dumps({"segments": [{"total_size": "x", "blocks": [{"size": None, "state": 3}]}]}))
+    good = tmp_path / "rank0_memory_snapshot.pickle"
+    good.write_bytes(pickle.dumps(_hand_snapshot()))
+    r = memory.metric_cal([good, bad, tmp_path / "gone.pickle"])
+    assert list(r["ranks"]) == ["rank0"]
+    assert set(r["errors"]) == {str(bad), str(tmp_path / "gone.pickle")}
+    assert not r["errors"][str(bad)].startswith(str(bad))  # reason only; the key names the file
