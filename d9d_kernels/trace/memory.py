@@ -36,6 +36,7 @@ both, ``"snapshot"`` = snapshots only, ``"trace"``/``"cpu"`` = profiler
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import re
@@ -335,7 +336,7 @@ def _trace_docs(trace_dir, errors: dict, notes: list):
     substring test on the decompressed text skips the JSON parse of traces
     recorded without ``profile_memory`` (the common case).
     """
-    from ._load import TraceError, _open_text, find_workload
+    from ._load import TraceError, find_workload
 
     try:
         wl = find_workload(trace_dir)
@@ -345,17 +346,19 @@ def _trace_docs(trace_dir, errors: dict, notes: list):
     out = []
     for rank, path in wl.traces.items():
         try:
-            with _open_text(Path(path)) as fh:
-                text = fh.read()
-        except (OSError, EOFError, zlib.error, UnicodeDecodeError) as exc:
+            with open(path, "rb") as fh:
+                data = fh.read()
+            if str(path).endswith(".gz"):
+                data = gzip.decompress(data)
+        except (OSError, EOFError, zlib.error) as exc:
             errors[str(path)] = f"cannot read (truncated or corrupt gzip?): {exc}"
             continue
-        if '"[memory]"' not in text:
+        if b'"[memory]"' not in data:
             continue
         try:
-            doc = json.loads(text)
-        except json.JSONDecodeError as exc:
-            errors[str(path)] = f"corrupt JSON: {exc.msg} at line {exc.lineno} col {exc.colno}"
+            doc = json.loads(data)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            errors[str(path)] = f"corrupt JSON: {exc}"
             continue
         out.append((f"rank{rank}", doc))
     return out
