@@ -33,11 +33,13 @@ Notes for the metric layer (design decisions):
   every rank of the group, like any collective. A min is reduced as the max of
   its negation, so ops are only "sum" and "max".
 * Device routing: when the group's backend cannot handle the tensor's device
-  (NCCL-only group + CPU state), the collective runs on a gloo group over the
-  same ranks, created on first use and cached per group (creation is a
-  group-local rendezvous, so every rank must reach its first routed collective
-  -- true at a first sync). CUDA tensors under a CPU-only backend are staged
-  through host memory (copied back in ``wait()``). Decision: ``_route()``.
+  (NCCL-only group + CPU state), the collective runs on a private gloo backend
+  over the same ranks, created on first use and cached per group (creation is
+  a rendezvous of the group's members through the store, so every member must
+  reach its first routed collective -- true at a first sync; it is not a
+  c10d-registered group, so c10d's group naming stays consistent). CUDA
+  tensors under a CPU-only backend are staged through host memory (copied back
+  in ``wait()``). Decision: ``_route()``.
 * ``exchange`` keys are ``d9d_kernels/exchange/<group name>/<seq>/<tag>/<global
   rank>`` in the default store: the group name is the same on every member
   and unique per group; ``seq`` counts exchanges per group in this process, so
@@ -70,8 +72,8 @@ _STORE_PREFIX = "d9d_kernels/exchange/"
 # group name -> exchange sequence number / last key written by this rank
 _exchange_seq: dict[str, itertools.count] = {}
 _exchange_last_key: dict[str, str] = {}
-# group name -> gloo process group over the same ranks (for device routing)
-_gloo_groups: dict[str, "dist.ProcessGroup"] = {}
+# group name -> private gloo backend over the same ranks (for device routing)
+_gloo_backends: dict[str, "dist.ProcessGroupGloo"] = {}
 # sorted rank tuple -> group built by from_mesh's fallback path
 _mesh_groups: dict[tuple[int, ...], "dist.ProcessGroup"] = {}
 
@@ -116,7 +118,7 @@ def _route(config: str, device_type: str) -> str:
     """How a tensor on ``device_type`` goes through a group with backend ``config``.
 
     Returns "direct" (the group's backend handles the device), "gloo" (a CPU
-    tensor under a group without a CPU backend, e.g. NCCL-only: use a gloo group
+    tensor under a group without a CPU backend, e.g. NCCL-only: use a gloo backend
     over the same ranks) or "stage" (a device tensor under a group without
     that device's backend: copy to CPU, reduce, copy back).
     """
@@ -305,8 +307,11 @@ class DistributedContext:
             return _COMPLETED
         red = dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX
         what = f"all_reduce({op}) of {tuple(tensor.shape)} {tensor.dtype} over ranks {self.ranks}"
-        group, buf, finish = self._routed(tensor)
-        work = dist.all_reduce(buf, op=red, group=group, async_op=True)
+        group, raw, buf, finish = self._routed(tensor)
+        if raw:  # private gloo backend: not registered with c10d, called directly
+            work = group.allreduce(buf, red)
+        else:
+            work = dist.all_reduce(buf, op=red, group=group, async_op=True)
         return CollectiveHandle(work, what=what, timeout=self._timeout, finish=finish)
 
     def all_gather_into_tensor(self, output: torch.Tensor, input: torch.Tensor) -> CollectiveHandle:
@@ -321,38 +326,47 @@ class DistributedContext:
             output.view(-1).copy_(input.reshape(-1))
             return _COMPLETED
         what = f"all_gather of {input.numel()} x {input.dtype} over ranks {self.ranks}"
-        group, out_buf, finish = self._routed(output)
+        group, raw, out_buf, finish = self._routed(output)
         in_buf = input if input.device == out_buf.device else input.to(out_buf.device)
-        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-        work = gather(out_buf.view(-1), in_buf.reshape(-1), group=group, async_op=True)
+        if raw:
+            work = group._allgather_base(out_buf.view(-1), in_buf.reshape(-1))
+        else:
+            gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+            work = gather(out_buf.view(-1), in_buf.reshape(-1), group=group, async_op=True)
         return CollectiveHandle(work, what=what, timeout=self._timeout, finish=finish)
 
     def _routed(self, tensor: torch.Tensor):
-        """(group, buffer to communicate, finish callback) for ``tensor`` on this group."""
+        """(group or backend, is_raw_backend, buffer to communicate, finish callback)."""
         group = self.group
         route = _route(_backend_config(group), tensor.device.type)
         if route == "direct":
-            return group, tensor, None
+            return group, False, tensor, None
         if route == "gloo":
-            return self._gloo_group(), tensor, None
+            return self._gloo_backend(), True, tensor, None
         # stage a device tensor through host memory (the copy syncs the stream)
         staged = tensor.detach().to("cpu")
-        g = group if route == "stage" else self._gloo_group()
-        return g, staged, lambda: tensor.copy_(staged)
+        finish = lambda: tensor.copy_(staged)  # noqa: E731
+        if route == "stage":
+            return group, False, staged, finish
+        return self._gloo_backend(), True, staged, finish
 
-    def _gloo_group(self):
+    def _gloo_backend(self):
+        """A gloo backend over the group's ranks, created on first use and cached.
+
+        Built directly (``ProcessGroupGloo`` on a store prefix named after the
+        group), NOT with ``dist.new_group``: creating a c10d group on a subset
+        of ranks would advance c10d's group counter on those ranks only and
+        make later ``new_group`` calls disagree on group names across ranks.
+        Creation is a rendezvous of the group's members only.
+        """
         group = self.group
         name = group.group_name
-        g = _gloo_groups.get(name)
-        if g is None:
-            g = dist.new_group(
-                ranks=list(dist.get_process_group_ranks(group)),
-                backend="gloo",
-                timeout=self._timeout,
-                use_local_synchronization=True,
-            )
-            _gloo_groups[name] = g
-        return g
+        pg = _gloo_backends.get(name)
+        if pg is None:
+            store = dist.PrefixStore(f"d9d_kernels/gloo/{name}/", dist.distributed_c10d._get_default_store())
+            pg = dist.ProcessGroupGloo(store, dist.get_rank(group), dist.get_world_size(group), self._timeout)
+            _gloo_backends[name] = pg
+        return pg
 
     # ------------------------------------------------------------ host-side exchange
     def exchange(self, tag: str, value: Union[bytes, str]) -> list:
