@@ -29,7 +29,7 @@ def _partial_kernel(x_ptr, m_ptr, part_ptr, n, SKIP_BAD: tl.constexpr, HAS_M: tl
     use = valid & ~isnan
     saw_nan = tl.max((valid & isnan).to(tl.float64), 0)
     if SKIP_BAD:
-        saw_nan = 0.0
+        saw_nan = saw_nan * 0.0  # NaN left out; stays a float64 tensor
     out = part_ptr + pid.to(tl.int64) * 4
     tl.store(out + 0, tl.max(tl.where(use, x, -float("inf")), 0))
     tl.store(out + 1, tl.max(tl.where(use, -x, -float("inf")), 0))

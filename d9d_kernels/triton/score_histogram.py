@@ -86,15 +86,14 @@ def _multiclass_hist_kernel(p_ptr, t_ptr, m_ptr, flag_ptr, hist_ptr, bad_ptr, n,
     rows, t, keep, ok, outside, mx, se = _row_scan(p_ptr, t_ptr, m_ptr, n, C, ignore, HAS_M, HAS_IGNORE,
                                                    KIND != 0, BLOCK_N, BLOCK_C)
     tl.atomic_add(bad_ptr, tl.sum((keep & ~ok).to(tl.float64), 0))
-    is_logit = KIND == 1
-    if KIND == 2:
-        is_logit = tl.load(flag_ptr) != 0
     for c0 in range(0, C, BLOCK_C):
         cols = c0 + tl.arange(0, BLOCK_C)
         use = ok[:, None] & (cols[None, :] < C)
         x = tl.load(p_ptr + rows[:, None] * C + cols[None, :], mask=use, other=0).to(tl.float64)
-        if KIND != 0:
-            x = tl.where(is_logit, tl.exp(x - mx[:, None]) / se[:, None], x)
+        if KIND == 1:
+            x = tl.exp(x - mx[:, None]) / se[:, None]
+        elif KIND == 2:
+            x = tl.where(tl.load(flag_ptr) != 0, tl.exp(x - mx[:, None]) / se[:, None], x)
         prob = tl.where(use, x, 0.0)
         b = tl.minimum(tl.maximum(tl.floor(prob * B), 0.0), B - 1.0).to(tl.int64)
         neg = (cols[None, :] != t[:, None]).to(tl.int64)
