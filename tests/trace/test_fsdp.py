@@ -149,3 +149,32 @@ def test_every_fsdp2_label_in_torch_has_a_group():
     assert "FSDP::all_gather" in labels and "FSDP::post_backward_reduce" in labels
     for lab in labels:
         assert fsdp.group_of(fsdp.operation_of(lab + " (m)")) != "other", lab
+
+
+def test_gpu_collectives_exposed_time_synthetic(tmp_path):
+    """Hand-built GPU trace: compute [100,300) and [500,600); all-gather kernel [250,400)
+    overlaps compute for 50 us -> exposed 100 of 150; reduce-scatter [550,700) likewise."""
+    from tests.trace._synth import SynthTrace
+
+    t = SynthTrace(rank=0, world_size=2)
+    t.step(1, 0, 1000).step(2, 1000, 1000)
+    t.cpu("FSDP::all_gather (layers.0)", 5, 45, cat="user_annotation")
+    t.cpu("FSDP::post_backward_reduce (layers.0)", 60, 20, cat="user_annotation")
+    t.kernel("ampere_sgemm_128x64_nn", 100, 200, stream=7, launch_ts=10)
+    t.kernel("ampere_sgemm_128x64_nn", 500, 100, stream=7, launch_ts=11)
+    t.kernel("ncclDevKernel_AllGather_RING_LL(ncclDevComm*, unsigned long, ncclWork*)", 250, 150,
+             stream=20, launch_ts=12)
+    t.kernel("ncclDevKernel_ReduceScatter_Sum_f32_RING_LL(ncclDevComm*, unsigned long, ncclWork*)",
+             550, 150, stream=20, launch_ts=13)
+    f = t.write(tmp_path / "rank0_trace.json")
+    r = fsdp.metric_cal(f)
+    col = r["ranks"]["rank0"]["collectives"]
+    for kind in ("all_gather", "reduce_scatter"):
+        assert col[kind]["count"]["value"] == 1
+        assert col[kind]["time"]["value"] == pytest.approx(150)
+        assert col[kind]["exposed_time"]["value"] == pytest.approx(100)
+        assert col[kind]["exposed_pct"]["value"] == pytest.approx(100 * 100 / 150)
+    groups = r["ranks"]["rank0"]["groups"]
+    assert groups["all_gather"]["cpu_time"]["value"] == pytest.approx(45)
+    assert groups["reduce_scatter"]["cpu_time"]["value"] == pytest.approx(20)
+    assert groups["all_gather"]["cpu_time_per_step"]["value"] == pytest.approx(45 / 2)

@@ -164,3 +164,30 @@ def test_phase_names(name, phase):
 def test_missing_dir_is_reported_not_raised(tmp_path):
     r = tp.metric_cal(tmp_path / "nope")
     assert str(tmp_path / "nope") in r["errors"]
+
+
+def test_gpu_time_attributed_by_launch_synthetic(tmp_path):
+    """Kernels count toward the phase whose CPU span holds their launch; overlapping
+    kernels of one phase are unioned (backward: [300,450) and [320,400) -> 150 us)."""
+    from tests.trace._synth import SynthTrace
+
+    t = SynthTrace()
+    t.step(1, 0, 500).step(2, 500, 500)
+    t.cpu("## forward ##", 10, 90, cat="user_annotation")
+    t.cpu("## backward ##", 110, 70, cat="user_annotation")
+    t.cpu("Optimizer.step#AdamW.step", 185, 10, cat="user_annotation")
+    t.kernel("fwd_gemm", 200, 100, launch_ts=20)
+    t.kernel("bwd_gemm", 300, 150, launch_ts=120)
+    t.kernel("bwd_gemm2", 320, 80, stream=8, launch_ts=130)
+    t.kernel("adam", 460, 10, launch_ts=190)
+    t.kernel("other_step_kernel", 600, 50, launch_ts=510)
+    f = t.write(tmp_path / "rank0_trace.json")
+    s = tp.metric_cal(f)["ranks"]["rank0"]["steps"]
+    assert s["1"]["forward_gpu"]["value"] == pytest.approx(100)
+    assert s["1"]["backward_gpu"]["value"] == pytest.approx(150)
+    assert s["1"]["optimizer_gpu"]["value"] == pytest.approx(10)
+    assert s["1"]["step_gpu"]["value"] == pytest.approx(100 + 150 + 10)
+    assert s["2"]["step_gpu"]["value"] == pytest.approx(50)
+    assert s["2"]["forward_gpu"]["value"] == 0
+    assert s["1"]["forward"]["value"] == pytest.approx(90)
+    assert s["1"]["other"]["value"] == pytest.approx(500 - 90 - 70 - 10)
