@@ -55,16 +55,15 @@ def r2_score(m: torch.Tensor) -> torch.Tensor:
     return _force_finite(m[SSE], syy, w)
 
 
-def explained_variance(m: torch.Tensor, pivots: torch.Tensor) -> torch.Tensor:
+def explained_variance(m: torch.Tensor, pivots: torch.Tensor | None = None) -> torch.Tensor:
     """``1 - Var_w(y - x) / Var_w(y)`` (scikit-learn ``explained_variance_score``).
 
-    ``pivots``: ``[2]`` = ``(px, py)``; ``Σw(y - x) = sy - sx + w (py - px)``.
+    ``Var_w(y - x)`` from the centred sums ``Syy + Sxx - 2 Sxy`` (about the
+    pivots, so exact for one sample and for large offsets); ``pivots`` is
+    accepted for API symmetry and not needed.
     """
-    w, _, syy, _ = _centred(m)
-    px = torch.nan_to_num(pivots[0], nan=0.0)
-    py = torch.nan_to_num(pivots[1], nan=0.0)
-    sd = m[SY] - m[SX] + w * (py - px)
-    num = torch.clamp(m[SSE] - safe_div(sd * sd, w), min=0.0)
+    w, sxx, syy, sxy = _centred(m)
+    num = torch.clamp(syy + sxx - 2.0 * sxy, min=0.0)
     return _force_finite(num, syy, w)
 
 
