@@ -21,12 +21,15 @@ def _shards(world):
     return x, w, [(cuts[r], cuts[r + 1]) for r in range(world)]
 
 
+_CALLS: list[str] = []
+
+
 def _spy():
     """Counts every collective call (patched on torch.distributed and c10d)."""
     import torch.distributed as dist
     import torch.distributed.distributed_c10d as c10d
 
-    calls = []
+    calls = _CALLS
     names = ["all_reduce", "all_reduce_coalesced", "all_gather", "all_gather_into_tensor", "all_gather_object",
              "broadcast", "broadcast_object_list", "reduce", "reduce_scatter", "reduce_scatter_tensor",
              "all_to_all", "all_to_all_single", "barrier", "gather", "scatter"]
@@ -37,7 +40,7 @@ def _spy():
                 continue
 
             def wrap(*a, _orig=orig, _name=name, **k):
-                calls.append(_name)
+                _CALLS.append(_name)
                 return _orig(*a, **k)
 
             wrap._spied = True
@@ -102,39 +105,43 @@ def test_aggregation_equals_single_process(world):
         assert final == pytest.approx(exp_sum + world * (world + 1) / 2, rel=1e-13)
 
 
-def _count_worker(rank, world, with_max):
-    metrics = {f"s{i}": dk.SumMetric() for i in range(10)}
-    metrics.update({f"m{i}": dk.WeightedMeanMetric() for i in range(10)})
-    if with_max:
-        metrics["peak"] = dk.MaxMetric()
-    g = dk.MetricGroup(metrics)
-    for i in range(10):
-        g[f"s{i}"].update(torch.full((rank + 2,), float(i)))
-        g[f"m{i}"].update(float(i + rank), weights=float(rank + 1))
-    if with_max:
-        g["peak"].update(torch.tensor([float(rank)]))
-    calls = _spy()
-    counts = []
-    for _ in range(2):
-        before = len(calls)
-        g.trigger_sync()
-        g.wait_sync()
-        counts.append(len(calls) - before)
-    return counts, {k: v.item() for k, v in g.compute().items()}
-
-
-@pytest.mark.parametrize("with_max", [False, True])
-def test_collective_count_per_sync(with_max):
-    world = 2
-    out = run_distributed(_count_worker, world, with_max)
-    for counts, vals in out:
-        assert counts == ([2, 2] if with_max else [1, 1])
-        for i in range(10):
-            assert vals[f"s{i}"] == i * sum(r + 2 for r in range(world))
-            num = sum((i + r) * (r + 1) for r in range(world))
-            assert vals[f"m{i}"] == pytest.approx(num / sum(r + 1 for r in range(world)))
+def _count_worker(rank, world):
+    out = {}
+    for with_max in (False, True):
+        metrics = {f"s{i}": dk.SumMetric() for i in range(10)}
+        metrics.update({f"m{i}": dk.WeightedMeanMetric() for i in range(10)})
         if with_max:
-            assert vals["peak"] == world - 1
+            metrics["peak"] = dk.MaxMetric()
+        g = dk.MetricGroup(metrics)
+        for i in range(10):
+            g[f"s{i}"].update(torch.full((rank + 2,), float(i)))
+            g[f"m{i}"].update(float(i + rank), weights=float(rank + 1))
+        if with_max:
+            g["peak"].update(torch.tensor([float(rank)]))
+        calls = _spy()
+        counts = []
+        for _ in range(2):
+            before = len(calls)
+            g.trigger_sync()
+            g.wait_sync()
+            counts.append(len(calls) - before)
+        out[with_max] = (counts, {k: v.item() for k, v in g.compute().items()})
+    return out
+
+
+def test_collective_count_per_sync():
+    world = 2
+    out = run_distributed(_count_worker, world)
+    for per_rank in out:
+        for with_max in (False, True):
+            counts, vals = per_rank[with_max]
+            assert counts == ([2, 2] if with_max else [1, 1]), (with_max, counts)
+            for i in range(10):
+                assert vals[f"s{i}"] == i * sum(r + 2 for r in range(world))
+                num = sum((i + r) * (r + 1) for r in range(world))
+                assert vals[f"m{i}"] == pytest.approx(num / sum(r + 1 for r in range(world)))
+            if with_max:
+                assert vals["peak"] == world - 1
 
 
 def _mismatch_worker(rank, world):
