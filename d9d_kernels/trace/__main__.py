@@ -18,6 +18,7 @@ import importlib
 import json
 import math
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -49,8 +50,12 @@ def _parse(argv):
     return p.parse_args(argv)
 
 
+def _one_line(msg: str) -> str:
+    return re.sub(r"\s*\n\s*", " ", str(msg)).strip()
+
+
 def _err(msg: str):
-    print(f"error: {msg}", file=sys.stderr)
+    print(f"error: {_one_line(msg)}", file=sys.stderr)
 
 
 def _clean(x):
@@ -148,9 +153,17 @@ def main(argv=None) -> int:
         if not os.path.exists(p):
             _err(f"{p}: no such file or directory")
             return 2
-    if args.workload_card and not os.path.isfile(args.workload_card):
-        _err(f"{args.workload_card}: workload card not found")
-        return 2
+    if args.workload_card:
+        from d9d_kernels.trace._load import TraceError, load_card
+
+        if not os.path.isfile(args.workload_card):
+            _err(f"{args.workload_card}: workload card not found")
+            return 2
+        try:
+            load_card(args.workload_card)
+        except TraceError as exc:
+            _err(f"{exc.file}: {exc.reason}")
+            return 2
     target = args.paths[0] if len(args.paths) == 1 else list(args.paths)
     progress = sys.stderr.isatty() if args.progress is None else args.progress
 
@@ -193,7 +206,7 @@ def main(argv=None) -> int:
     for f, why in all_errors.items():
         _err(f"{f}: {why}")
     for w in warnings:
-        print(f"warning: {w}", file=sys.stderr)
+        print(f"warning: {_one_line(w)}", file=sys.stderr)
 
     ok = [t for t, r in results.items() if r.get("ranks") or r.get("summary")
           or (r.get("notes") and not r.get("errors"))]

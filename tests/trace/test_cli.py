@@ -159,3 +159,11 @@ def test_missing_ranks_message():
                                             "(gaps in the rank numbering)")
     assert "missing rank(s) 2-3,5" in missing_ranks([0, 1, 4], [6])
     assert missing_ranks([0, 1], [2]) is None
+
+
+def test_bad_workload_card_is_one_line_usage_error(tmp_path, capsys):
+    card = tmp_path / "card.yaml"
+    card.write_text("batch_size: [1, 2\n")
+    assert main([str(SAMPLED), "--workload-card", str(card), "--quiet", "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and str(card) in err[0] and err[0].startswith("error: ")
