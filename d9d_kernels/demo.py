@@ -42,9 +42,13 @@ from pathlib import Path
 
 import torch
 
-NUM_CLASSES = 100
+NUM_CLASSES = 20
 FEATURES = 128
 HIDDEN = 512
+# AUROC histogram [2, C, bins] float64 = 3.2 MB at C=20. 10k bins: the resolution
+# API.md promises 1e-3 at (1k bins missed it by 4.6e-3 on an untrained model at
+# C=100, where softmax scores sit near 1/C); C=100 with 10k bins made the 16 MB
+# snapshot + sync dominate the logging steps (34 ms local sync+compute).
 AUROC_BINS = 10_000
 # exact-count metrics must agree to float32 rounding; binned AUROC to 1e-3 (API.md §4)
 TOL = {"auroc": 1e-3}
@@ -55,7 +59,7 @@ KEYS = ("loss", "acc", "top5", "f1", "auroc", "gnorm_max", "samples")
 # ----------------------------------------------------------------------------- setup
 def _parse(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m d9d_kernels.demo", description=__doc__.split("\n\n")[0])
-    p.add_argument("--steps", type=int, default=None, help="training steps of the logged run (default 400; quick 40)")
+    p.add_argument("--steps", type=int, default=None, help="training steps of the logged run (default 300; quick 40)")
     p.add_argument("--world-size", type=int, default=2, help="gloo ranks (default 2)")
     p.add_argument("--log-every", type=int, default=None, help="sync + log every N steps (default 25; quick 10)")
     p.add_argument("--quick", action="store_true", help="tiny run for tests/CI (a few seconds of work)")
@@ -64,11 +68,11 @@ def _parse(argv=None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args(argv)
     if a.steps is None:
-        a.steps = 40 if a.quick else 400
+        a.steps = 40 if a.quick else 300
     if a.log_every is None:
         a.log_every = 10 if a.quick else 25
     # overhead measurement: rounds x (block steps per variant), variants interleaved
-    a.rounds, a.block = (2, 15) if a.quick else (8, 60)
+    a.rounds, a.block = (2, 15) if a.quick else (6, 50)
     if a.world_size < 1 or a.steps < 1 or a.log_every < 1:
         p.error("--world-size, --steps and --log-every must be >= 1")
     return a
@@ -162,6 +166,10 @@ class _TM:
         out.update(self.col.compute())
         return out
 
+    def reset(self):
+        for m in (self.loss, self.gnorm, self.samples, self.col):
+            m.reset()
+
 
 def _d9d_update(g, logits, y, loss, n, gnorm):
     g["loss"].update(values=loss, weights=n)
@@ -248,9 +256,15 @@ def _logged_run(rank, world, args, tr: _Trainer, ctx, out_dir: Path):
 
 
 def _timed_variant(kind, tr: _Trainer, steps: int, log_every: int, ctx, state):
-    """Runs ``steps`` training steps with metrics ``kind``; returns per-step seconds."""
+    """Runs ``steps`` training steps with metrics ``kind``; returns per-step seconds.
+
+    The metrics are reset (untimed) at the start of each block, so that
+    torchmetrics' exact AUROC (which stores every score) stays bounded.
+    """
     times = []
     g = state.get(kind)
+    if g is not None:
+        g.reset()
     pending = False
     for step in range(1, steps + 1):
         t = time.perf_counter()
