@@ -40,13 +40,15 @@ Notes for the metric layer (design decisions):
   c10d-registered group, so c10d's group naming stays consistent). CUDA
   tensors under a CPU-only backend are staged through host memory (copied back
   in ``wait()``). Decision: ``_route()``.
-* ``exchange`` keys are ``d9d_kernels/exchange/<group name>/<seq>/<tag>/<global
-  rank>`` in the default store: the group name is the same on every member
-  and unique per group; ``seq`` counts exchanges per group in this process, so
-  every rank of a group must call ``exchange`` in the same order (like a
-  collective). A rank that never arrives makes the others raise
-  ``RuntimeError`` naming the missing ranks after ``timeout`` -- no hang. Each
-  rank deletes its previous key once it has read every rank's next key.
+* ``exchange`` keys are ``d9d_kernels/exchange/<group name>/<seq>/<global
+  rank>`` in the default store (the value carries the tag): the group name is
+  the same on every member and unique per group; ``seq`` counts exchanges per
+  group in this process, so every rank of a group must call ``exchange`` in
+  the same order (like a collective); ranks that reach different tags at the
+  same ``seq`` all raise ``RuntimeError`` naming them. A rank that never
+  arrives makes the others raise ``RuntimeError`` naming the missing ranks
+  after ``timeout`` -- no hang. Each rank deletes its previous key once it has
+  read every rank's next key, so the store does not grow.
 * ``check_same`` raises ``ValueError`` on every rank (all ranks see all
   fingerprints), naming the ranks (global ids) of each distinct fingerprint and
   where the first two differ. Call it once per (context, group) before the
@@ -336,19 +338,23 @@ class DistributedContext:
         return CollectiveHandle(work, what=what, timeout=self._timeout, finish=finish)
 
     def _routed(self, tensor: torch.Tensor):
-        """(group or backend, is_raw_backend, buffer to communicate, finish callback)."""
+        """(group or backend, is_raw_backend, buffer to communicate, finish callback).
+
+        The buffer is ``tensor`` itself when it is contiguous and the group's
+        backend handles its device; otherwise a contiguous (host) copy that
+        ``finish`` copies back after the wait.
+        """
         group = self.group
         route = _route(_backend_config(group), tensor.device.type)
-        if route == "direct":
-            return group, False, tensor, None
-        if route == "gloo":
-            return self._gloo_backend(), True, tensor, None
-        # stage a device tensor through host memory (the copy syncs the stream)
-        staged = tensor.detach().to("cpu")
-        finish = lambda: tensor.copy_(staged)  # noqa: E731
-        if route == "stage":
-            return group, False, staged, finish
-        return self._gloo_backend(), True, staged, finish
+        buf = tensor
+        if route in ("stage", "gloo_stage"):  # device tensor through host memory (the copy syncs the stream)
+            buf = tensor.detach().to("cpu")
+        if not buf.is_contiguous():
+            buf = buf.contiguous()
+        finish = None if buf is tensor else (lambda: tensor.copy_(buf))
+        if route in ("gloo", "gloo_stage"):
+            return self._gloo_backend(), True, buf, finish
+        return group, False, buf, finish
 
     def _gloo_backend(self):
         """A gloo backend over the group's ranks, created on first use and cached.
@@ -374,15 +380,14 @@ class DistributedContext:
 
         Returns the values of all ranks in group-rank order, as ``str`` if
         ``value`` is a ``str`` else as ``bytes``. Uses the c10d store; every
-        rank of the group must call it (same order of calls on every rank).
+        rank of the group must call it, in the same order (like a collective).
         Raises RuntimeError naming the ranks that did not arrive within
-        ``timeout``.
+        ``timeout``, or, on every rank, when ranks passed different tags at
+        the same point (they called exchanges in different orders).
         """
         as_str = isinstance(value, str)
         if not isinstance(value, (bytes, str)):
             raise TypeError(f"DistributedContext.exchange: value must be bytes or str, got {type(value).__name__}")
-        if "/" in tag:
-            tag = tag.replace("/", "|")
         if self.is_local:
             return [value]
         group = self.group
@@ -391,8 +396,9 @@ class DistributedContext:
         store = dist.PrefixStore(f"{_STORE_PREFIX}{name}/", dist.distributed_c10d._get_default_store())
         ranks = self.ranks
         me = dist.get_rank()
-        keys = [f"{seq}/{tag}/{r}" for r in ranks]
-        store.set(f"{seq}/{tag}/{me}", value.encode() if as_str else bytes(value))
+        keys = [f"{seq}/{r}" for r in ranks]
+        tag_b = tag.encode()
+        store.set(f"{seq}/{me}", b"%d:" % len(tag_b) + tag_b + (value.encode() if as_str else bytes(value)))
         try:
             store.wait(keys, self._timeout)
         except Exception as e:
@@ -401,14 +407,28 @@ class DistributedContext:
                 f"d9d_kernels: exchange {tag!r} over ranks {ranks}: ranks {missing or '?'} did not arrive within "
                 f"the timeout of {self._timeout.total_seconds():g} s (did every rank reach the same sync?)"
             ) from e
-        values = [bytes(v) for v in _store_get_all(store, keys)]
+        tags, values = [], []
+        for raw in _store_get_all(store, keys):
+            raw = bytes(raw)
+            n, _, rest = raw.partition(b":")
+            tags.append(rest[: int(n)].decode())
+            values.append(rest[int(n) :])
         prev = _exchange_last_key.get(name)
-        _exchange_last_key[name] = f"{seq}/{tag}/{me}"
-        if prev is not None:  # every rank has arrived here, so all have read `prev`
+        _exchange_last_key[name] = f"{seq}/{me}"
+        if prev is not None:  # every rank has posted `seq`, so all have read `prev`
             try:
                 store.delete_key(prev)
             except Exception:
                 pass
+        if any(t != tag for t in tags):
+            by_tag: dict[str, list[int]] = {}
+            for r, t in zip(ranks, tags):
+                by_tag.setdefault(t, []).append(r)
+            raise RuntimeError(
+                f"d9d_kernels: ranks {ranks} reached different exchanges (exchange #{seq} on this group): "
+                + "; ".join(f"ranks {rs}: {t!r}" for t, rs in by_tag.items())
+                + " -- every rank must sync the same metrics in the same order"
+            )
         return [v.decode() for v in values] if as_str else values
 
     def check_same(self, tag: str, fingerprint: str, what: str) -> None:

@@ -87,6 +87,17 @@ def _mesh_worker(rank, world_size):
         dp.exchange("a/b", f"again{rank}"),
     ]
     world.check_same("same", "schema-v1", "test schema")  # equal: no error
+    try:  # rank 2 reached another exchange than the others: all raise, nobody waits for the timeout
+        world.exchange("schema" if rank != 2 else "replica", "x")
+        out["tag_mismatch"] = "no error"
+    except RuntimeError as e:
+        out["tag_mismatch"] = str(e)
+    out["after_mismatch"] = world.exchange("b", str(rank))
+    # a non-contiguous tensor is reduced in place too
+    nc = torch.stack([_value(rank), 2 * _value(rank)], dim=1).t()
+    assert not nc.is_contiguous()
+    dp.all_reduce(nc, "sum").wait()
+    out["non_contiguous"] = nc.tolist()
     try:
         world.check_same("fp", "members=a,b;shape=3" if rank != 3 else "members=a,c;shape=3", "MetricGroup schema")
         out["check_same"] = "no error"
@@ -139,6 +150,20 @@ def test_exchange_returns_every_rank_in_group_order(mesh_results):
         assert ex[1] == [f"w{r}" for r in range(4)]
         assert ex[2] == [b"b%d" % r for r in range(4)]
         assert ex[3] == [f"again{r}" for r in peers]
+
+
+def test_exchange_at_different_points_raises_on_every_rank(mesh_results):
+    for res in mesh_results:
+        msg = res["tag_mismatch"]
+        assert "reached different exchanges" in msg and "ranks [0, 1, 3]: 'schema'" in msg, msg
+        assert "ranks [2]: 'replica'" in msg, msg
+        assert res["after_mismatch"] == ["0", "1", "2", "3"]
+
+
+def test_non_contiguous_all_reduce(mesh_results):
+    for rank, res in enumerate(mesh_results):
+        s = torch.stack([_value(r) for r in (rank % 2, rank % 2 + 2)]).sum(0)
+        assert res["non_contiguous"] == torch.stack([s, 2 * s]).tolist()
 
 
 def test_check_same_raises_on_every_rank_naming_ranks(mesh_results):
