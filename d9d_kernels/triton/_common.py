@@ -20,6 +20,15 @@ INTERPRETED: bool = isinstance(_probe, InterpretedFunction)
 # The interpreter pays ~2 ms per program instance, so it gets bigger tiles.
 BLOCK = 8192 if INTERPRETED else 1024
 TILE = 8192 if INTERPRETED else 2048
+# 1-D reductions run a grid-stride loop on at most this many programs, so the
+# number of atomics on the few hot state addresses does not grow with N.
+# Tiny under the interpreter so that small test inputs exercise the loop.
+MAX_PROGRAMS = 2 if INTERPRETED else 1024
+
+
+def programs(n: int, block: int) -> int:
+    """Grid size of a grid-stride 1-D kernel over n elements."""
+    return min(triton.cdiv(n, block), MAX_PROGRAMS)
 
 
 def register(name: str, mutates_args: tuple[str, ...]) -> Callable:

@@ -1,10 +1,11 @@
 """Triton weighted_moments: Σw, Σw·dx, Σw·dx², Σw·dy, Σw·dy², Σw·dx·dy, Σw|x-y|, Σw(x-y)², n.
 
-Design: each program reduces one block of elements in float64 and adds its 9
-partial sums (and its bad count) into ``state`` with ``tl.atomic_add``: one
-pass over the data, ~10 scalar atomics per program. Summation order across
-programs is therefore not fixed on GPU (results agree with the reference to
-float64 rounding; counts are exact).
+Design: a grid-stride loop on at most ``MAX_PROGRAMS`` programs; each
+program accumulates its elements in float64 vectors, reduces them at the end
+and adds its 9 partial sums (and its bad count) into ``state`` with
+``tl.atomic_add``: one pass over the data, ~10 scalar atomics per program.
+The order in which programs add is not fixed on GPU (results agree with the
+reference to float64 rounding; counts are exact).
 
 Pivots (``pivot`` given): ``_first_good_kernel`` finds the first valid element
 whose x, y, w are all finite (``atomic_min`` of its index); its loads are
@@ -20,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from d9d_kernels.triton._common import BLOCK, as_u8, finite, launch, register
+from d9d_kernels.triton._common import BLOCK, as_u8, finite, launch, programs, register
 
 
 @triton.jit
@@ -47,15 +48,18 @@ def _load_row(x_ptr, y_ptr, w_ptr, m_ptr, offs, inb, HAS_Y: tl.constexpr, HAS_W:
 @triton.jit
 def _first_good_kernel(x_ptr, y_ptr, w_ptr, m_ptr, pivot_ptr, first_ptr, n,
                        HAS_Y: tl.constexpr, HAS_W: tl.constexpr, HAS_M: tl.constexpr, BLOCK: tl.constexpr):
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     px = tl.load(pivot_ptr)
     unset = px != px
     if HAS_Y:
         py = tl.load(pivot_ptr + 1)
         unset = unset | (py != py)
-    inb = offs < tl.where(unset, n, 0)  # nothing is read once the pivots are set
-    x, y, w, valid, fin = _load_row(x_ptr, y_ptr, w_ptr, m_ptr, offs, inb, HAS_Y, HAS_W, HAS_M)
-    tl.atomic_min(first_ptr, tl.min(tl.where(valid & fin, offs, n), 0))
+    n_read = tl.where(unset, n, 0)  # nothing is read once the pivots are set
+    first = tl.full([BLOCK], n, tl.int64)
+    for start in range(tl.program_id(0) * BLOCK, n, tl.num_programs(0) * BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        x, y, w, valid, fin = _load_row(x_ptr, y_ptr, w_ptr, m_ptr, offs, offs < n_read, HAS_Y, HAS_W, HAS_M)
+        first = tl.minimum(first, tl.where(valid & fin, offs, n).to(tl.int64))
+    tl.atomic_min(first_ptr, tl.min(first, 0))
 
 
 @triton.jit
@@ -70,10 +74,6 @@ def _pivot(pivot_ptr, x_ptr, first, has, slot: tl.constexpr):
 def _moments_kernel(x_ptr, y_ptr, w_ptr, m_ptr, pivot_ptr, first_ptr, state_ptr, bad_ptr, n,
                     SKIP_BAD: tl.constexpr, HAS_Y: tl.constexpr, HAS_W: tl.constexpr, HAS_M: tl.constexpr,
                     HAS_PIVOT: tl.constexpr, BLOCK: tl.constexpr):
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    x, y, w, valid, fin = _load_row(x_ptr, y_ptr, w_ptr, m_ptr, offs, offs < n, HAS_Y, HAS_W, HAS_M)
-    tl.atomic_add(bad_ptr, tl.sum((valid & ~fin).to(tl.float64), 0))
-    use = valid & fin if SKIP_BAD else valid
     px = 0.0
     py = 0.0
     if HAS_PIVOT:
@@ -82,20 +82,46 @@ def _moments_kernel(x_ptr, y_ptr, w_ptr, m_ptr, pivot_ptr, first_ptr, state_ptr,
         px = _pivot(pivot_ptr, x_ptr, first, has, 0)
         if HAS_Y:
             py = _pivot(pivot_ptr, y_ptr, first, has, 1)
-    wu = tl.where(use, w, 0.0)
-    dx = tl.where(use, x - px, 0.0)
-    tl.atomic_add(state_ptr + 0, tl.sum(wu, 0))
-    tl.atomic_add(state_ptr + 1, tl.sum(wu * dx, 0))
-    tl.atomic_add(state_ptr + 2, tl.sum(wu * dx * dx, 0))
+    s_w = tl.zeros([BLOCK], tl.float64)
+    s_x = tl.zeros([BLOCK], tl.float64)
+    s_xx = tl.zeros([BLOCK], tl.float64)
+    s_y = tl.zeros([BLOCK], tl.float64)
+    s_yy = tl.zeros([BLOCK], tl.float64)
+    s_xy = tl.zeros([BLOCK], tl.float64)
+    s_ae = tl.zeros([BLOCK], tl.float64)
+    s_se = tl.zeros([BLOCK], tl.float64)
+    s_n = tl.zeros([BLOCK], tl.float64)
+    s_bad = tl.zeros([BLOCK], tl.float64)
+    for start in range(tl.program_id(0) * BLOCK, n, tl.num_programs(0) * BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        x, y, w, valid, fin = _load_row(x_ptr, y_ptr, w_ptr, m_ptr, offs, offs < n, HAS_Y, HAS_W, HAS_M)
+        s_bad += (valid & ~fin).to(tl.float64)
+        use = valid & fin if SKIP_BAD else valid
+        wu = tl.where(use, w, 0.0)
+        dx = tl.where(use, x - px, 0.0)
+        s_w += wu
+        s_x += wu * dx
+        s_xx += wu * dx * dx
+        if HAS_Y:
+            dy = tl.where(use, y - py, 0.0)
+            diff = tl.where(use, x - y, 0.0)
+            s_y += wu * dy
+            s_yy += wu * dy * dy
+            s_xy += wu * dx * dy
+            s_ae += wu * tl.abs(diff)
+            s_se += wu * diff * diff
+        s_n += use.to(tl.float64)
+    tl.atomic_add(bad_ptr, tl.sum(s_bad, 0))
+    tl.atomic_add(state_ptr + 0, tl.sum(s_w, 0))
+    tl.atomic_add(state_ptr + 1, tl.sum(s_x, 0))
+    tl.atomic_add(state_ptr + 2, tl.sum(s_xx, 0))
     if HAS_Y:
-        dy = tl.where(use, y - py, 0.0)
-        diff = tl.where(use, x - y, 0.0)
-        tl.atomic_add(state_ptr + 3, tl.sum(wu * dy, 0))
-        tl.atomic_add(state_ptr + 4, tl.sum(wu * dy * dy, 0))
-        tl.atomic_add(state_ptr + 5, tl.sum(wu * dx * dy, 0))
-        tl.atomic_add(state_ptr + 6, tl.sum(wu * tl.abs(diff), 0))
-        tl.atomic_add(state_ptr + 7, tl.sum(wu * diff * diff, 0))
-    tl.atomic_add(state_ptr + 8, tl.sum(use.to(tl.float64), 0))
+        tl.atomic_add(state_ptr + 3, tl.sum(s_y, 0))
+        tl.atomic_add(state_ptr + 4, tl.sum(s_yy, 0))
+        tl.atomic_add(state_ptr + 5, tl.sum(s_xy, 0))
+        tl.atomic_add(state_ptr + 6, tl.sum(s_ae, 0))
+        tl.atomic_add(state_ptr + 7, tl.sum(s_se, 0))
+    tl.atomic_add(state_ptr + 8, tl.sum(s_n, 0))
 
 
 @triton.jit
@@ -128,7 +154,7 @@ def _weighted_moments_op(
     w = x if weights is None else weights.contiguous()
     m = as_u8(mask, x)
     flags = dict(HAS_Y=y is not x, HAS_W=weights is not None, HAS_M=mask is not None)
-    grid = (triton.cdiv(n, BLOCK),)
+    grid = (programs(n, BLOCK),)
     if pivot is not None:
         first = torch.full((1,), n, dtype=torch.int64, device=x.device)
         launch(_first_good_kernel)[grid](x, y, w, m, pivot, first, n, BLOCK=BLOCK, **flags)
