@@ -291,6 +291,7 @@ class _Storage:
             self.local[SUM].copy_(torch.stack([b[SUM] for b in bufs]).sum(0))
             self.local[MAX].copy_(torch.stack([b[MAX] for b in bufs]).amax(0) if self.layout.sizes[MAX] else self.init[MAX])
             self.local[REPLICA].copy_(bufs[0][REPLICA])
+        self.handshakes.clear()  # loaded pivots must be aligned again at the next sync
         self.synced = None
         self.synced_views = None
         self.dirty = False

@@ -126,6 +126,9 @@ def test_load_state_dict_merges_and_checks_schema():
     other = dk.MetricGroup({"sum": dk.SumMetric()})
     with pytest.raises(ValueError, match="schema"):
         other.load_state_dict(a.state_dict())
+    from torch.distributed.checkpoint.stateful import Stateful
+
+    assert isinstance(a, Stateful) and isinstance(dk.SumMetric(), Stateful)
     empty = _group()
     empty.load_state_dict({"world_size": 2})  # a rank that loads nothing starts empty
     assert empty.compute()["sum"].item() == 0.0

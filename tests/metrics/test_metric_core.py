@@ -135,3 +135,25 @@ def test_compile_fullgraph_update_reset_trigger_local():
     assert m.compute().item() == pytest.approx((2 * (x.double() * w).sum().item() + 4.0) / (2 * wsum + 2))
     clear()
     assert g.compute()["sum"].item() == 0.0 and math.isnan(m.compute().item())
+
+
+@pytest.mark.gpu
+def test_no_host_sync_on_cuda():
+    g = dk.MetricGroup({"s": dk.SumMetric(), "m": dk.WeightedMeanMetric(), "mx": dk.MaxMetric()}, device="cuda")
+    x = torch.randn(1000, device="cuda")
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        g["s"].update(x)
+        g["m"].update(values=x, weights=x.abs())
+        g["mx"].update(3.0)
+        g.update(values=x)
+        g.trigger_sync(dk.DistributedContext.local())
+        g.wait_sync()
+        g.reset()
+        g.update(values=x)
+        h = g.compute_to_host()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    out = h.result()
+    assert out["s"] == pytest.approx(x.double().sum().item(), rel=1e-9)
