@@ -157,3 +157,19 @@ def test_no_host_sync_on_cuda():
         torch.cuda.set_sync_debug_mode(0)
     out = h.result()
     assert out["s"] == pytest.approx(x.double().sum().item(), rel=1e-9)
+
+
+def test_docs_python_blocks_run(tmp_path, monkeypatch):
+    import pathlib
+    import re
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the checkpoint block writes there
+
+    text = (pathlib.Path(__file__).parents[2] / "docs" / "metrics_core.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    assert len(blocks) >= 5
+    ns: dict = {}
+    for code in blocks:
+        exec(compile(code, "docs/metrics_core.md", "exec"), ns)  # the blocks assert their results
+    assert ns["logged"]["tokens"] == 104.0
