@@ -39,7 +39,6 @@ from d9d_kernels.trace._common import open_workload, rank_key
 from d9d_kernels.trace._load import (
     KIND_CPU_OP,
     KIND_GPU_USER_ANNOTATION,
-    KIND_KERNEL,
     KIND_OTHER,
     KIND_PROFILER_STEP,
     KIND_RUNTIME,

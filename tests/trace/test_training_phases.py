@@ -191,3 +191,20 @@ def test_gpu_time_attributed_by_launch_synthetic(tmp_path):
     assert s["2"]["forward_gpu"]["value"] == 0
     assert s["1"]["forward"]["value"] == pytest.approx(90)
     assert s["1"]["other"]["value"] == pytest.approx(500 - 90 - 70 - 10)
+
+
+def test_no_profiler_step_gives_one_pseudo_step(tmp_path):
+    from tests.trace._synth import SynthTrace
+
+    t = SynthTrace()
+    t.cpu("## forward ##", 100, 50, cat="user_annotation")
+    t.cpu("aten::mm", 110, 20)
+    t.cpu("## backward ##", 160, 30, cat="user_annotation")
+    t.cpu("aten::add", 195, 5)   # trace spans [100, 200)
+    f = t.write(tmp_path / "rank0_trace.json")
+    rk = tp.metric_cal(f)["ranks"]["rank0"]
+    assert list(rk["steps"]) == ["all"]
+    s = rk["steps"]["all"]
+    assert s["step"]["value"] == 100 and s["forward"]["value"] == 50 and s["backward"]["value"] == 30
+    assert s["other"]["value"] == 20
+    assert rk["optimizer_time"]["value"] is None
