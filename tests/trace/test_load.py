@@ -112,34 +112,52 @@ def test_real_trace_columns_match_raw_json(sub):
         assert (rt.is_comm & (rt.kind == KIND_KERNEL)).sum() == nccl
 
 
+@needs_data
+def test_msgspec_and_stdlib_paths_agree():
+    pytest.importorskip("msgspec")
+    files = sorted(DATA.glob("*/*.json.gz")) + sorted(find_workload(gloo_workload()).traces.values())
+    for f in files:
+        a, b = load_rank(f, fast=True), load_rank(f, fast=False)
+        for col in ("name_id", "cat_id", "kind", "ts", "dur", "pid", "tid", "stream", "device",
+                    "correlation", "external_id", "is_comm"):
+            np.testing.assert_array_equal(getattr(a, col), getattr(b, col), err_msg=f"{f}: {col}")
+        assert a.names == b.names and a.cats == b.cats and a.comm_args == b.comm_args
+        assert a.distributed_info == b.distributed_info and a.device_properties == b.device_properties
+
+
 # ----------------------------------------------------------------------------- bad input
+@pytest.fixture(params=[True, False], ids=["msgspec", "stdlib"])
+def fast(request):
+    return request.param
+
+
 def _good(tmp_path):
     return SynthTrace().kernel("k", 0, 1).write(tmp_path / "rank0_trace.json")
 
 
-def test_truncated_json_names_file(tmp_path):
+def test_truncated_json_names_file(tmp_path, fast):
     p = _good(tmp_path)
     data = p.read_bytes()
     p.write_bytes(data[: len(data) // 2])
     with pytest.raises(TraceError) as ei:
-        load_rank(p)
+        load_rank(p, fast=fast)
     assert ei.value.file == str(p) and "truncated" in ei.value.reason
 
 
-def test_truncated_gzip_names_file(tmp_path):
+def test_truncated_gzip_names_file(tmp_path, fast):
     p = SynthTrace().kernel("k", 0, 1).write(tmp_path / "rank0_trace.json.gz")
     data = p.read_bytes()
     p.write_bytes(data[: len(data) - 12])
     with pytest.raises(TraceError) as ei:
-        load_rank(p)
+        load_rank(p, fast=fast)
     assert str(p) in str(ei.value)
 
 
-def test_corrupt_json(tmp_path):
+def test_corrupt_json(tmp_path, fast):
     p = tmp_path / "rank0_trace.json"
-    p.write_text('{"traceEvents": [ {"ph": "X", oops} ]}')
+    p.write_text('{"traceEvents": [ {"ph": "X", oops} ], "schemaVersion": 1}')
     with pytest.raises(TraceError, match="corrupt JSON"):
-        load_rank(p)
+        load_rank(p, fast=fast)
 
 
 @pytest.mark.parametrize("text,reason", [
@@ -148,11 +166,11 @@ def test_corrupt_json(tmp_path):
     ('{"traceEvents": []}', "empty trace"),
     ('{"traceEvents": [{"ph": "X", "name": "a", "dur": 1}]}', "lack a numeric 'ts'"),
 ])
-def test_missing_fields_and_empty(tmp_path, text, reason):
+def test_missing_fields_and_empty(tmp_path, fast, text, reason):
     p = tmp_path / "rank0_trace.json"
     p.write_text(text)
     with pytest.raises(TraceError, match=reason):
-        load_rank(p)
+        load_rank(p, fast=fast)
 
 
 def test_bad_rank_collected_not_raised(tmp_path):
