@@ -237,8 +237,10 @@ def metric_cal(trace_dir, workload_card_path=None, profile_mode="auto", step_fil
     out = {}
     notes = list(wl.notes)
     any_found = False
+    any_gpu = False
     for r, rt in ranks.items():
         raw = rank_fsdp(rt, step_filter)
+        any_gpu |= raw["comm_source"] == "gpu"
         if profile_mode == "cpu":
             raw["comm"] = {k: {kk: vv for kk, vv in v.items() if kk != "exposed_time"}
                            for k, v in raw["comm"].items()}
@@ -257,5 +259,6 @@ def metric_cal(trace_dir, workload_card_path=None, profile_mode="auto", step_fil
             if ex:
                 summary[f"{t}_exposed_time_max"] = metric(max(ex), "us",
                                                           f"max over ranks of {t} exposed_time")
-    notes.append(STEP_FILTER_NOTE + f" (step_filter={step_filter!r})")
+    if any_gpu:
+        notes.append(STEP_FILTER_NOTE + f" (step_filter={step_filter!r})")
     return result(TOOL, ranks=out, summary=summary, notes=notes, errors=errors)
