@@ -167,3 +167,20 @@ def test_bad_workload_card_is_one_line_usage_error(tmp_path, capsys):
     assert main([str(SAMPLED), "--workload-card", str(card), "--quiet", "--no-progress"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and str(card) in err[0] and err[0].startswith("error: ")
+
+
+def test_many_ranks_table_aggregates(tmp_path, capsys):
+    from tests.trace._synth import SynthTrace
+
+    for r in range(10):
+        t = SynthTrace(rank=r, world_size=10)
+        dur = 1000 + (500 if r == 7 else 10 * r)      # rank 7 is the slow one
+        t.step(1, 0, dur).step(2, dur, dur)
+        t.cpu("## forward ##", 10, 100, cat="user_annotation")
+        t.write(tmp_path / f"rank{r}_trace.json")
+    assert main([str(tmp_path), "--tools", "throughput,training_phases", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    header = next(ln for ln in out.splitlines() if ln.startswith("metric") and "min" in ln)
+    assert header.split() == ["metric", "min", "median", "max", "max", "at"]
+    row = next(ln for ln in out.splitlines() if ln.startswith("step_time_median "))
+    assert row.split()[-1] == "rank7" and "1.5 ms" in row and "1 ms" in row
