@@ -366,16 +366,18 @@ def html_report(results: dict[str, dict], title: str = "Trace analysis",
         parts.append(f"<p class='err'>error: {e(str(f))}: {e(str(why))}</p>")
     for w in warnings:
         parts.append(f"<p class='err'>warning: {e(str(w))}</p>")
+    toc = ["<a href='#charts'>charts</a>"] + [f"<a href='#tool-{e(t)}'>{e(t)}</a>" for t in results]
+    parts.append("<p>" + " · ".join(toc) + "</p>")
     ch = charts(results)
     if ch:
-        parts.append("<h2>Charts</h2>")
+        parts.append("<h2 id='charts'>Charts</h2>")
         for t, png, err in ch:
             if png:
                 parts.append(f"<div><img alt='{e(t)}' src='data:image/png;base64,{png}'></div>")
             else:
                 parts.append(f"<p class='err'>chart '{e(t)}' failed: {e(str(err))}</p>")
     for tool, res in results.items():
-        parts.append(f"<h2>{e(tool)}</h2>")
+        parts.append(f"<h2 id='tool-{e(tool)}'>{e(tool)}</h2>")
         header, body, srows = _table_rows(res)
         rank_keys, rows, summ = flatten(res)
         defs = [next((m.get("definition", "") for m in cells.values()), "") for _, cells in rows]

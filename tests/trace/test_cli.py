@@ -53,6 +53,9 @@ def test_real_traces_table_json_html(tmp_path):
     assert not re.search(r"https?://", page), "HTML must not reference external URLs"
     assert not re.search(r"<(script|link)\b", page)
     assert len(re.findall(r"src='data:image/png;base64,[A-Za-z0-9+/=]{100,}'", page)) >= 2
+    for tool in doc["tools"]:
+        assert f"<h2 id='tool-{tool}'>{tool}</h2>" in page
+    assert "<td title=" in page  # definitions on hover
 
 
 def test_one_truncated_rank_gives_partial_result(tmp_path):
