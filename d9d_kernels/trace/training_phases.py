@@ -9,7 +9,11 @@ are counted once):
   ``forward_pass`` (any case, surrounding ``#`` and spaces ignored, e.g.
   ``## forward ##``) or ending in ``.forward`` (``DistributedDataParallel.forward``,
   ``FullyShardedDataParallel.forward``). ``FSDP::pre_forward`` and the like are
-  *not* phase markers (see the fsdp tool).
+  not markers themselves; but when a rank has *no* forward annotation (torchtitan
+  does not annotate its forward), forward is inferred per step from the FSDP
+  hooks: first ``FSDP::root_pre_forward``/``pre_forward`` start to the last
+  ``FSDP::post_forward`` end, cut at the first backward event — flagged as
+  inferred in the output.
 * backward: annotations ``backward`` / ``bwd`` / ``backward_pass`` / ``*.backward``,
   and every ``autograd::engine::evaluate_function: ...`` op (the autograd engine,
   on whatever thread it ran).
@@ -115,6 +119,47 @@ def _launch_times(rt: RankTrace) -> tuple[np.ndarray, np.ndarray]:
     return gpu[ok], rt.ts[rt_rows[j[ok]]]
 
 
+_PRE_FWD = ("FSDP::root_pre_forward", "FSDP::pre_forward", "FullyShardedDataParallel._root_pre_forward",
+            "FullyShardedDataParallel._pre_forward")
+_POST_FWD = ("FSDP::post_forward", "FullyShardedDataParallel._post_forward")
+INFERRED_FORWARD = ("(inferred: first FSDP pre_forward hook to last FSDP post_forward hook of the "
+                    "step, cut at the first backward event)")
+
+
+def _forward_from_fsdp_hooks(rt: RankTrace, cpu: np.ndarray, st, en, bwd: tuple) -> tuple:
+    """Forward spans of models with no forward annotation but FSDP hooks (torchtitan).
+
+    Per step: from the first FSDP pre-forward hook to the end of the last post-forward
+    hook, cut at the first backward event after it. Empty when there are no hooks.
+    """
+    def base(n):
+        return n.split(" (", 1)[0].split(" [", 1)[0]
+
+    pre = cpu & rt.name_mask(lambda n: base(n) in _PRE_FWD)
+    post = cpu & rt.name_mask(lambda n: base(n) in _POST_FWD)
+    if not pre.any():
+        return np.empty(0), np.empty(0)
+    s_all, e_all = rt.ts, rt.ts + rt.dur
+    ps, pe = s_all[pre], e_all[pre]
+    qs, qe = s_all[post], e_all[post]
+    b_s = np.asarray(bwd[0])
+    out_s, out_e = [], []
+    for a, b in zip(st, en):
+        m = (ps >= a) & (ps < b)
+        if not m.any():
+            continue
+        start = float(ps[m].min())
+        mq = (qs >= start) & (qs < b)
+        end = float(qe[mq].max()) if mq.any() else float(pe[m].max())
+        nb = b_s[(b_s > start) & (b_s < b)]
+        if nb.size:
+            end = min(end, float(nb.min()))
+        if end > start:
+            out_s.append(start)
+            out_e.append(end)
+    return np.asarray(out_s, dtype=np.float64), np.asarray(out_e, dtype=np.float64)
+
+
 def rank_phases(rt: RankTrace) -> dict:
     """Raw per-step phase times (µs) of one rank: ``{"steps": {...}, "found": {...}}``."""
     cpu = np.isin(rt.kind, _CPU_KINDS)
@@ -127,6 +172,21 @@ def rank_phases(rt: RankTrace) -> dict:
         rows = np.flatnonzero(cpu & (ev_phase == ph))
         found[ph] = sorted({rt.names[i] for i in np.unique(rt.name_id[rows])})
         phase_iv[ph] = iv.union(s_all[rows], e_all[rows])
+    nums, st, en = rt.steps
+    if nums.size == 0:
+        rows = np.flatnonzero(cpu | (rt.kind == KIND_PROFILER_STEP))
+        if rows.size == 0:
+            rows = np.flatnonzero(rt.kind != KIND_GPU_USER_ANNOTATION)
+        nums = np.asarray(["all"], dtype=object)
+        st = np.asarray([s_all[rows].min()])
+        en = np.asarray([e_all[rows].max()])
+    inferred = False
+    if not found["forward"]:
+        fwd = _forward_from_fsdp_hooks(rt, cpu, st, en, phase_iv["backward"])
+        if fwd[0].size:
+            phase_iv["forward"] = fwd
+            found["forward"] = [INFERRED_FORWARD]
+            inferred = True
     # exclusive phases by precedence optimizer > backward > forward
     excl: dict[str, tuple] = {}
     higher: tuple = (np.empty(0), np.empty(0))
@@ -136,14 +196,6 @@ def rank_phases(rt: RankTrace) -> dict:
                           np.concatenate([higher[1], phase_iv[ph][1]]))
     all_phases = higher
 
-    nums, st, en = rt.steps
-    if nums.size == 0:
-        rows = np.flatnonzero(cpu | (rt.kind == KIND_PROFILER_STEP))
-        if rows.size == 0:
-            rows = np.flatnonzero(rt.kind != KIND_GPU_USER_ANNOTATION)
-        nums = np.asarray(["all"], dtype=object)
-        st = np.asarray([s_all[rows].min()])
-        en = np.asarray([e_all[rows].max()])
 
     gpu_rows, launch = _launch_times(rt)
     gs, ge = s_all[gpu_rows], e_all[gpu_rows]
@@ -162,7 +214,7 @@ def rank_phases(rt: RankTrace) -> dict:
         if gpu_rows.size:
             d["step_gpu"] = iv.total(gs[in_step], ge[in_step])
         steps[str(num)] = d
-    return {"steps": steps, "found": found, "has_gpu": bool(gpu_rows.size)}
+    return {"steps": steps, "found": found, "has_gpu": bool(gpu_rows.size), "inferred_forward": inferred}
 
 
 def _subtract(a: tuple, b: tuple) -> tuple:
@@ -191,6 +243,8 @@ def _rank_metrics(raw: dict) -> dict:
     for ph in (*PHASES, "other"):
         missing = ph != "other" and not raw["found"][ph]
         why = f" (no {ph} annotation found in the trace)" if missing else ""
+        if ph == "forward" and raw.get("inferred_forward"):
+            why = " " + INFERRED_FORWARD
         out[f"{ph}_time"] = metric(None if missing else tot[ph], "us",
                                    f"CPU time, summed over steps: {DEFINITIONS[ph]}{why}")
         out[f"{ph}_time_per_step"] = metric(None if missing or not n else tot[ph] / n, "us",
@@ -239,6 +293,8 @@ def metric_cal(trace_dir, workload_card_path=None, profile_mode="auto") -> dict:
         if profile_mode == "cpu":
             raw["has_gpu"] = False
         out[rank_key(r)] = _rank_metrics(raw)
+        if raw["inferred_forward"]:
+            notes.append(f"{rank_key(r)}: no forward annotation; forward {INFERRED_FORWARD}")
         missing = [ph for ph in PHASES if not raw["found"][ph]]
         if missing:
             notes.append(f"{rank_key(r)}: no annotation for {', '.join(missing)} — those phases are "

@@ -208,3 +208,27 @@ def test_no_profiler_step_gives_one_pseudo_step(tmp_path):
     assert s["step"]["value"] == 100 and s["forward"]["value"] == 50 and s["backward"]["value"] == 30
     assert s["other"]["value"] == 20
     assert rk["optimizer_time"]["value"] is None
+
+
+def test_forward_inferred_from_fsdp_hooks(tmp_path):
+    """torchtitan-like: no forward annotation; FSDP hooks bound the forward."""
+    from tests.trace._synth import SynthTrace
+
+    t = SynthTrace()
+    for k, base in ((1, 0), (2, 1000)):
+        t.step(k, base, 1000)
+        t.cpu("FSDP::root_pre_forward", base + 10, 10, cat="user_annotation")
+        t.cpu("FSDP::pre_forward (layers.0)", base + 20, 10, cat="user_annotation")
+        t.cpu("FSDP::post_forward (layers.0) [pg=8]", base + 200, 10, cat="user_annotation")
+        t.cpu("autograd::engine::evaluate_function: MmBackward0", base + 300, 100)
+        t.cpu("FSDP::pre_forward (layers.0)", base + 350, 10, cat="user_annotation")  # AC recompute
+        t.cpu("Optimizer.step#AdamW.step", base + 500, 100, cat="user_annotation")
+    f = t.write(tmp_path / "rank0_trace.json")
+    r = tp.metric_cal(f)
+    rk = r["ranks"]["rank0"]
+    for k in ("1", "2"):
+        assert rk["steps"][k]["forward"]["value"] == pytest.approx(200)   # [10, 210)
+        assert rk["steps"][k]["backward"]["value"] == pytest.approx(100)
+        assert rk["steps"][k]["optimizer"]["value"] == pytest.approx(100)
+    assert rk["annotations"]["forward"] == [tp.INFERRED_FORWARD]
+    assert any("inferred" in n for n in r["notes"])
