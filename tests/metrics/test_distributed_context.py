@@ -350,3 +350,30 @@ def test_handle_wait_passes_timeout_and_raises():
         D.CollectiveHandle(_FakeWork(result=False), what="all_reduce(max) of x", timeout=td).wait()
     with pytest.raises(RuntimeError, match=r"all_reduce\(sum\).*timeout of 4 s.*Operation timed out"):
         D.CollectiveHandle(_FakeWork(exc=RuntimeError("Operation timed out!")), what="all_reduce(sum)", timeout=td).wait()
+
+
+# ---------------------------------------------------------------- CUDA tensors (needs a GPU)
+def _cuda_worker(rank, world_size):
+    out = {}
+    ctx = dk.DistributedContext(timeout=30)
+    t = _value(rank).cuda()
+    ctx.all_reduce(t, "sum").wait()  # gloo implements CUDA all_reduce: direct
+    out["direct"] = t.cpu().tolist()
+    D._backend_config = lambda group: "cpu:gloo"  # pretend a CPU-only backend: staged through host memory
+    t = _value(rank).cuda()
+    ctx.all_reduce(t, "max").wait()
+    out["staged"] = t.cpu().tolist()
+    red = F.reduce_custom({"a": torch.tensor([float(rank)], device="cuda"), "b": torch.tensor(rank)}, {"a": "mean", "b": "min"}, ctx=ctx)
+    out["functional"] = [red["a"].device.type, red["a"].tolist(), red["b"].device.type, red["b"].item()]
+    out["gather"] = F.all_gather({"x": torch.arange(rank + 1, device="cuda")}, ctx=ctx)["x"].cpu().tolist()
+    return out
+
+
+@pytest.mark.gpu
+def test_cuda_tensors_direct_and_staged():
+    results = run_distributed(_cuda_worker, 2, timeout=120)
+    for res in results:
+        assert res["direct"] == torch.stack([_value(r) for r in range(2)]).sum(0).tolist()
+        assert res["staged"] == torch.stack([_value(r) for r in range(2)]).amax(0).tolist()
+        assert res["functional"] == ["cuda", [0.5], "cpu", 0]
+        assert res["gather"] == [0, 0, 1]
