@@ -165,3 +165,20 @@ def test_bad_input_direct_op():
     assert_rejects(lambda: call(state=f64(4, 3).t()), op, "state", [st, bd])
     assert_rejects(lambda: call(state=st.to("meta")), op, "state", [st, bd])
     assert_rejects(lambda: call(bad=torch.zeros(1)), op, "bad", [st, bd])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("shape", [(1, 1), (5, 123), (100_003, 3), (50, 2000)])
+def test_cuda_matches_reference(dtype, kind, shape):
+    preds = sprinkle((torch.randn(shape) * 2).to(dtype), 0.01)
+    target = torch.randint(-1, 3, shape)
+    mask = torch.rand(shape) > 0.1
+    want = [f64(shape[1], 4), f64(1)]
+    reference.binary_stats(preds, target, mask, 0.4, -1, kind, *want)
+    got = [f64(shape[1], 4).cuda(), f64(1).cuda()]
+    dk.ops.binary_stats(preds.cuda(), target.cuda(), mask.cuda(), state=got[0], bad=got[1], threshold=0.4,
+                        ignore_index=-1, input_kind=kind, backend="cuda")
+    assert_counts_equal(got[0].cpu(), want[0], "state")
+    assert_counts_equal(got[1].cpu(), want[1], "bad")

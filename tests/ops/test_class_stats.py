@@ -219,3 +219,22 @@ def test_bad_input_direct_op():
     assert_rejects(lambda: call(confmat=f64(C, 1)), op, "confmat", keep)
     assert_rejects(lambda: call(extras=f64(1)), op, "extras", keep)
     assert_rejects(lambda: call(bad=f64(2)), op, "bad", keep)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize(("n", "C", "top_ks"), [(1, 1, (1,)), (123, 5, (1, 5)), (4099, 37, (1, 5, 37)), (300, 2000, (1, 5, 100))])
+def test_cuda_matches_reference(dtype, n, C, top_ks):
+    preds = sprinkle(torch.randint(0, 8, (n, C)).to(dtype), 0.002)  # ties and a few bad rows
+    target = torch.randint(-1, C + 1, (n,))
+    mask = torch.rand(n) > 0.1
+    for p, ks, nll in ((preds, top_ks, True), (torch.randint(-1, C + 1, (n,)), (1,), False)):
+        want = [f64(len(ks), 3, C), f64(C, C), f64(2), f64(1)]
+        reference.class_stats(p, target, mask, C, -1, list(ks), nll, *want)
+        got = [t.cuda() for t in (f64(len(ks), 3, C), f64(C, C), f64(2), f64(1))]
+        dk.ops.class_stats(p.cuda(), target.cuda(), mask.cuda(), num_classes=C, stats=got[0], confmat=got[1],
+                           extras=got[2], bad=got[3], ignore_index=-1, top_ks=ks, nll=nll, backend="cuda")
+        got = [t.cpu() for t in got]
+        for g, w, what in zip(got[:2] + [got[2][:1], got[3]], want[:2] + [want[2][:1], want[3]], ["stats", "confmat", "rows", "bad"]):
+            assert_counts_equal(g, w, what)
+        assert_sums_close(got[2][1:], want[2][1:], "nll")

@@ -121,3 +121,18 @@ def test_bad_input_direct_op():
     assert_rejects(lambda: call(state=f64(4)[::2]), op, "state", [st, bd])
     assert_rejects(lambda: call(state=st.to("meta")), op, "state", [st, bd])
     assert_rejects(lambda: call(bad=torch.zeros(1, dtype=torch.float32)), op, "bad", [st, bd])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("n", [1, 5 * 123, 1_000_003])
+@pytest.mark.parametrize("skip_bad", [False, True])
+def test_cuda_matches_reference(dtype, n, skip_bad):
+    x = sprinkle((torch.randn(n) * 100).to(dtype), 0.001)
+    mask = torch.rand(n) > 0.1
+    want = [f64(2, fill=NEG_INF), f64(1)]
+    reference.running_extrema(x, mask, skip_bad, *want)
+    got = [f64(2, fill=NEG_INF).cuda(), f64(1).cuda()]
+    dk.ops.running_extrema(x.cuda(), mask.cuda(), state=got[0], bad=got[1], skip_bad=skip_bad, backend="cuda")
+    assert_counts_equal(got[0].cpu(), want[0], "state")
+    assert_counts_equal(got[1].cpu(), want[1], "bad")

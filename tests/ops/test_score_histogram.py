@@ -166,3 +166,22 @@ def test_bad_input_direct_op():
     assert_rejects(lambda: call(hist=f64(2, 3, 10)[..., ::2]), op, "hist", [h, bd])
     assert_rejects(lambda: call(hist=h.to("meta")), op, "hist", [h, bd])
     assert_rejects(lambda: call(bad=f64(2)), op, "bad", [h, bd])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize(("shape", "B", "multiclass"), [((5, 123), 10, False), ((100_003, 2), 1000, False),
+                                                         ((5, 123), 10, True), ((3001, 10), 10_000, True)])
+def test_cuda_matches_reference(dtype, kind, shape, B, multiclass):
+    preds = sprinkle(torch.randn(shape).to(dtype), 0.01)
+    n, L = shape
+    target = torch.randint(-1, L + 1, (n,)) if multiclass else torch.randint(-1, 3, shape)
+    mask = torch.rand(target.shape) > 0.1
+    want = [f64(2, L, B), f64(1)]
+    reference.score_histogram(preds, target, mask, -1, kind, multiclass, *want)
+    got = [f64(2, L, B).cuda(), f64(1).cuda()]
+    dk.ops.score_histogram(preds.cuda(), target.cuda(), mask.cuda(), hist=got[0], bad=got[1], multiclass=multiclass,
+                           ignore_index=-1, input_kind=kind, backend="cuda")
+    assert_counts_equal(got[0].cpu(), want[0], "hist")
+    assert_counts_equal(got[1].cpu(), want[1], "bad")

@@ -194,3 +194,22 @@ def test_bad_input_direct_op():
     assert_rejects(lambda: call(x, None, None, None, False, f64(18)[::2], bad, None), op, "state", [st, bad])
     assert_rejects(lambda: call(x, None, None, None, False, st.to("meta"), bad, None), op, "state", [st, bad])
     assert_rejects(lambda: call(x, None, None, None, False, st, bad, f64(1)), op, "pivot", [st, bad])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("n", [1, 5 * 123, 1_000_003])
+def test_cuda_matches_reference(dtype, n):
+    x, y, w = (torch.randn(n) * 3 + 1).to(dtype), torch.randn(n).to(dtype), torch.rand(n).to(dtype)
+    x = sprinkle(x, 0.01)
+    mask = torch.rand(n) > 0.2
+    for skip_bad in (False, True):
+        want = [f64(9), f64(1), f64(2, fill=float("nan"))]
+        reference.weighted_moments(x, y, w, mask, skip_bad, *want)
+        got = [t.cuda() for t in (f64(9), f64(1), f64(2, fill=float("nan")))]
+        dk.ops.weighted_moments(x.cuda(), y.cuda(), w.cuda(), mask.cuda(), state=got[0], bad=got[1], pivot=got[2],
+                                skip_bad=skip_bad, backend="cuda")
+        got = [t.cpu() for t in got]
+        assert_counts_equal(got[1], want[1], "bad")
+        assert_counts_equal(got[2], want[2], "pivot")
+        assert_sums_close(got[0], want[0], "state")
