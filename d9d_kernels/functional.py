@@ -17,7 +17,8 @@ integer sums are int64, floats keep their dtype) and the default float dtype
 for the mean of integers/bools. Results live on each input's device.
 
 Python numbers are accepted as values (they become 0-d tensors). Every rank
-must pass the same keys with the same shapes (and the same ``reduce_fn``); a
+must pass the same keys (in any order) with the same shapes (and the same
+``reduce_fn``); a
 cheap fingerprint travels in the packed buffer, so ranks that passed
 different keys/shapes/reductions get a ``ValueError`` instead of mixed numbers
 (buffers of different lengths fail in the backend or time out with a
@@ -147,7 +148,8 @@ def reduce_custom(
 
 
 def _reduce(tensors: dict[str, torch.Tensor], how: dict[str, Optional[str]], ctx: DistributedContext):
-    todo = [k for k in tensors if how[k] is not None]
+    # packed in sorted key order: ranks may build their dicts in different orders
+    todo = sorted((k for k in tensors if how[k] is not None), key=str)
     out = {k: t for k, t in tensors.items() if how[k] is None}
     if not todo:
         return {k: out[k] for k in tensors}
@@ -233,7 +235,7 @@ def all_gather(metrics: Mapping[str, torch.Tensor], ctx: Optional[DistributedCon
     """
     tensors = _tensors("all_gather", metrics)
     ctx = _context(ctx)
-    keys = list(tensors)
+    keys = sorted(tensors, key=str)  # packing order: independent of each rank's dict order
     if not keys:
         return {}
     device = _comm_device(tensors.values())
@@ -284,7 +286,7 @@ def all_gather(metrics: Mapping[str, torch.Tensor], ctx: Optional[DistributedCon
             seg = gathered[r, off : off + rows * row_bytes[k]]
             out[k].append(seg.view(t.dtype).view(rows, *t.shape[1:]))
             off += seg_bytes(k, rows)
-    return {k: torch.cat(v).to(tensors[k].device) for k, v in out.items()}
+    return {k: torch.cat(out[k]).to(tensors[k].device) for k in tensors}
 
 
 def _row_numel(t: torch.Tensor) -> int:

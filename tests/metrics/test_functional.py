@@ -3,6 +3,8 @@ and a dict of 50 keys costs one collective per reduction kind (spied)."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -58,6 +60,12 @@ def _data(rank: int) -> dict[str, torch.Tensor]:
 
 def _fns() -> dict:
     return {f"k{i:02d}": FNS[(i // 3) % len(FNS)] for i in range(N_KEYS)}
+
+
+def _shuffled_keys(rank: int) -> list[str]:
+    keys = list(_fns())
+    random.Random(rank).shuffle(keys)
+    return keys
 
 
 def _pack(d: dict) -> dict:
@@ -136,10 +144,13 @@ def _worker(rank, world_size):
 
     for name in ("reduce_mean", "reduce_sum", "reduce_max", "reduce_min"):
         run(name, getattr(F, name), data)
-    run("reduce_custom", F.reduce_custom, data, _fns(), ctx=dk.DistributedContext())
+    # each rank builds its dict in another order: packing must not depend on it
+    shuffled = {k: data[k] for k in _shuffled_keys(rank)}
+    run("reduce_custom", F.reduce_custom, shuffled, _fns(), ctx=dk.DistributedContext())
     only_min = {k: v for k, v in data.items() if _fns()[k] == "min"}
     run("reduce_custom_min_only", F.reduce_custom, only_min, {k: "min" for k in only_min})
-    run("all_gather", F.all_gather, _gather_data(rank))
+    gdata = _gather_data(rank)
+    run("all_gather", F.all_gather, dict(reversed(gdata.items())) if rank % 2 else gdata)
     # same total numel, different shapes on rank 1: must not silently mix numbers
     shape = (2, 3) if rank != 1 else (3, 2)
     out["reduce_mismatch"] = _expect_value_error(F.reduce_sum, {"a": torch.ones(shape), "b": torch.tensor(1.0)})
@@ -176,7 +187,10 @@ def test_reductions_match_torch_and_use_one_collective_per_kind(dist_results):
             got = _unpack(packed)
             custom = name.startswith("reduce_custom")
             expected_keys = [k for k in fns if fns[k] == "min"] if name == "reduce_custom_min_only" else list(fns)
-            assert list(got) == expected_keys, (name, list(got))
+            if name == "reduce_custom":
+                assert list(got) == _shuffled_keys(rank), name  # the caller's order
+            else:
+                assert list(got) == expected_keys, (name, list(got))
             for key, value in got.items():
                 how = fns[key] if custom else name.split("_")[1]
                 ref = _reference([d[key] for d in per_rank], how)
@@ -192,7 +206,7 @@ def test_all_gather_uneven_first_dims_matches_cat(dist_results):
         packed, calls = res["all_gather"]
         assert calls in (["all_gather_single"] * 2, ["all_gather_into_tensor"] * 2), calls
         got = _unpack(packed)
-        assert list(got) == list(per_rank[0])
+        assert list(got) == (list(reversed(per_rank[0])) if rank % 2 else list(per_rank[0]))  # caller's order
         for key, value in got.items():
             parts = [d[key] for d in per_rank]
             ref = torch.stack(parts) if parts[0].dim() == 0 else torch.cat(parts)
