@@ -163,21 +163,30 @@ def test_mismatched_groups_raise_on_every_rank():
         assert msg.startswith("ValueError") and "schema" in msg, msg
 
 
-def _absent_worker(rank, world):
-    g = dk.MetricGroup({"a": dk.SumMetric()})
+def _absent_worker(rank, world, synced_once):
+    import time
+
+    g = dk.MetricGroup({"a": dk.SumMetric(), "b": dk.MaxMetric()})
     g["a"].update(1.0)
+    ctx = dk.DistributedContext(timeout=3)
+    if synced_once:  # handshake done: the next failure is the collective's timeout
+        g.trigger_sync(ctx)
+        g.wait_sync(ctx)
     if rank == 1:
-        return "skipped"  # never syncs
-    g.trigger_sync(dk.DistributedContext(timeout=3))
-    g.wait_sync()
+        time.sleep(8)  # alive, but never syncs (again)
+        return "skipped"
+    g.trigger_sync(ctx)
+    g.wait_sync(ctx)
     return g.compute()["a"].item()
 
 
-def test_rank_that_never_syncs_raises_no_hang():
-    out = run_distributed_expect_errors(_absent_worker, 2, timeout=60)
+@pytest.mark.parametrize("synced_once", [False, True])
+def test_rank_that_never_syncs_raises_no_hang(synced_once):
+    out = run_distributed_expect_errors(_absent_worker, 2, synced_once, timeout=60)
     assert out[1] == ("ok", "skipped")
     status, msg = out[0]
-    assert status == "error" and ("timeout" in msg or "did not" in msg), msg
+    assert status == "error" and msg.startswith("RuntimeError") and ("timeout" in msg or "did not" in msg), msg
+    assert ("all_reduce" in msg) == synced_once, msg  # handshake (store) vs collective timeout
 
 
 def _pivot_worker(rank, world):
