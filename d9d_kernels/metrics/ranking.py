@@ -38,9 +38,15 @@ class _Ranking(Metric):
         num_bins: int = 10_000,
         ignore_index: int | None = None,
         nan_strategy: str = "error",
+        thresholds: int | None = None,
     ):
         super().__init__(nan_strategy=nan_strategy)
         name = type(self).__name__
+        if thresholds is not None:  # torchmetrics spelling: an int number of thresholds = bins
+            A.check(isinstance(thresholds, int) and not isinstance(thresholds, bool), name, "thresholds",
+                    f"must be an int (number of bins) here; explicit threshold lists are not supported, got {type(thresholds).__name__}",
+                    TypeError)
+            num_bins = thresholds
         A.check_choice(name, "task", task, A.TASKS)
         average = "none" if average is None else average
         A.check_choice(name, "average", average, R.AVERAGES)

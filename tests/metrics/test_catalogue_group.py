@@ -168,3 +168,25 @@ def test_group_update_under_torch_compile_inductor():
         e.update(preds=p, target=t)
     for k, v in e.compute().items():
         torch.testing.assert_close(g.compute()[k], v, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.gpu
+def test_cuda_group_matches_cpu():
+    """The same group on CUDA (cuda/triton kernels) and on CPU: counts exact, ratios to 1e-12."""
+    C = 11
+
+    def build():
+        return dk.MetricGroup({**_classification_members(C), "ppl": dk.Perplexity(num_classes=C),
+                               "auroc": dk.AUROC(task="multiclass", num_classes=C),
+                               "mcc": dk.MatthewsCorrCoef(task="multiclass", num_classes=C)})
+
+    cpu, gpu = build(), build().to("cuda")
+    for _ in range(3):
+        p, t = torch.randn(257, C, dtype=torch.float64), torch.randint(0, C, (257,))
+        m = torch.rand(257) > 0.1
+        cpu.update(preds=p, target=t, mask=m)
+        gpu.update(preds=p.cuda(), target=t.cuda(), mask=m.cuda())
+    a, b = cpu.compute(), gpu.compute()
+    assert torch.equal(a["cm"], b["cm"].cpu())
+    for k in a:
+        torch.testing.assert_close(b[k].cpu(), a[k], rtol=1e-12, atol=1e-12)

@@ -210,3 +210,10 @@ def test_update_errors():
     m.update(torch.rand(2, 4), torch.tensor([0, 9]))
     with pytest.raises(ValueError, match="1 invalid"):
         m.compute()
+
+
+def test_thresholds_alias_for_torchmetrics_migration():
+    m = dk.AUROC(task="binary", thresholds=100)
+    assert m.num_bins == 100
+    with pytest.raises(TypeError, match="AUROC: argument 'thresholds'"):
+        dk.AUROC(task="binary", thresholds=[0.1, 0.5])
