@@ -192,23 +192,6 @@ def plot_training(rows, out: Path):
     plt.close(fig)
 
 
-def plot_generic(rows, out: Path, title: str):
-    """Any harness CSV (e.g. bench_kernels): median per shape, one line per (op, provider)."""
-    plt = _plt()
-    by = defaultdict(list)
-    for r in rows:
-        by[(r.get("op", ""), r["provider"])].append(r)
-    fig, ax = plt.subplots(figsize=(10, 5))
-    for (op, prov), rs in sorted(by.items()):
-        ax.plot(range(len(rs)), [r["_p50"] * 1e6 for r in rs], marker=".", label=f"{op} / {prov}")
-    ax.set(yscale="log", ylabel="median (µs)", xlabel="shape index (see CSV)", title=title)
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=6, ncol=2)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-
-
 # ---------------------------------------------------------------------- tables
 def _index(rows, key):
     out = {}
@@ -354,13 +337,14 @@ def build(results: Path, doc: Path, plots: bool = True) -> str:
         name = path.stem
         sec, plot = known.get(name, (None, None))
         sections += sec(rows, targets) if sec else generic_section(name, rows)
-        if plots:
-            png = path.with_suffix(".png")
+        png = path.with_suffix(".png")
+        if plots and plot is not None:  # other benchmarks plot themselves (harness.plot)
             try:
-                (plot(rows, png) if plot else plot_generic(rows, png, name))
-                pngs.append(png)
+                plot(rows, png)
             except Exception as e:  # a plot failing must not lose the table
                 print(f"report: plot {png} failed: {e}", file=sys.stderr)
+        if png.exists():
+            pngs.append(png)
     now = datetime.datetime.now(datetime.timezone.utc)
     mtimes = [datetime.datetime.fromtimestamp(p.stat().st_mtime, datetime.timezone.utc) for p in csvs]
     measured = max(mtimes).strftime("%Y-%m-%d %H:%M UTC") if mtimes else "–"
@@ -390,6 +374,9 @@ def build(results: Path, doc: Path, plots: bool = True) -> str:
     head.append("")
     if pngs:
         head += ["Plots: " + ", ".join(f"[`{p.name}`](../bench/results/{p.name})" for p in pngs), ""]
+    notes = Path(__file__).resolve().parent / "analysis.md"
+    if notes.exists():  # hand-written: where the time goes (profiles), kept next to the numbers
+        sections += ["", notes.read_text().strip(), ""]
     text = "\n".join(head + sections) + f"\n_Report generated {now.strftime('%Y-%m-%d %H:%M UTC')}._\n"
     doc = Path(doc)
     doc.parent.mkdir(parents=True, exist_ok=True)
