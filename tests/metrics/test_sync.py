@@ -126,12 +126,26 @@ def _count_worker(rank, world):
             g.wait_sync()
             counts.append(len(calls) - before)
         out[with_max] = (counts, {k: v.item() for k, v in g.compute().items()})
+    # a standalone metric is a group of one
+    for name, m in (("alone_mean", dk.WeightedMeanMetric()), ("alone_max", dk.MaxMetric())):
+        m.update(torch.tensor([float(rank), 10.0 * rank]))
+        before = len(calls)
+        m.trigger_sync()
+        m.wait_sync()
+        out[name] = (len(calls) - before, m.compute().item())
+    out["pivot"] = _pivot_part(rank, world)
     return out
 
 
-def test_collective_count_per_sync():
+@pytest.fixture(scope="module")
+def count_run():
+    """One 2-rank spawn shared by the collective-count and pivot tests."""
+    return run_distributed(_count_worker, 2)
+
+
+def test_collective_count_per_sync(count_run):
     world = 2
-    out = run_distributed(_count_worker, world)
+    out = count_run
     for per_rank in out:
         for with_max in (False, True):
             counts, vals = per_rank[with_max]
@@ -142,6 +156,8 @@ def test_collective_count_per_sync():
                 assert vals[f"m{i}"] == pytest.approx(num / sum(r + 1 for r in range(world)))
             if with_max:
                 assert vals["peak"] == world - 1
+        assert per_rank["alone_mean"] == (1, pytest.approx(sum(11.0 * r for r in range(world)) / (2 * world)))
+        assert per_rank["alone_max"] == (2, 10.0 * (world - 1))
 
 
 def _mismatch_worker(rank, world):
@@ -189,7 +205,7 @@ def test_rank_that_never_syncs_raises_no_hang(synced_once):
     assert ("all_reduce" in msg) == synced_once, msg  # handshake (store) vs collective timeout
 
 
-def _pivot_worker(rank, world):
+def _pivot_part(rank, world):
     # rank 0 sees nothing before the first sync; pivots differ otherwise
     m = dk.WeightedMeanMetric()
     x = torch.tensor([1e9 + rank * 7.0, 1e9 - 3.0 * rank, 1e9 + 0.5], dtype=torch.float64)
@@ -204,9 +220,9 @@ def _pivot_worker(rank, world):
     return first, m.compute().item(), m._storage.local["replica"].tolist()
 
 
-def test_pivots_aligned_across_ranks():
-    world = 3
-    out = run_distributed(_pivot_worker, world)
+def test_pivots_aligned_across_ranks(count_run):
+    world = 2
+    out = [o["pivot"] for o in count_run]
     xs = lambda r: [1e9 + r * 7.0, 1e9 - 3.0 * r, 1e9 + 0.5]  # noqa: E731
     first = [v + r * 1e3 for r in range(1, world) for v in xs(r)]
     second = first + [v for r in range(world) for v in xs(r)]
