@@ -71,11 +71,27 @@ DEFAULT_MESH_DIMS = ("dp_replicate", "dp_shard")
 _OPS = ("sum", "max")
 _STORE_PREFIX = "d9d_kernels/exchange/"
 
-# group name -> exchange sequence number / last key written by this rank
-_exchange_seq: dict[str, itertools.count] = {}
-_exchange_last_key: dict[str, str] = {}
-# group name -> private gloo backend over the same ranks (for device routing)
-_gloo_backends: dict[str, "dist.ProcessGroupGloo"] = {}
+
+
+class _GroupState:
+    """Per-process state kept for one process group (keyed by its group name)."""
+
+    def __init__(self, group):
+        self.group = group  # identity check: a re-initialised world reuses names
+        self.exchange_seq = itertools.count()  # exchanges on this group so far
+        self.exchange_last_key: Union[str, None] = None  # this rank's key of the previous exchange
+        self.gloo = None  # private gloo backend over the same ranks (device routing)
+
+
+_group_states: dict[str, _GroupState] = {}
+
+
+def _state(group) -> _GroupState:
+    st = _group_states.get(group.group_name)
+    if st is None or st.group is not group:
+        st = _group_states[group.group_name] = _GroupState(group)
+    return st
+
 # sorted rank tuple -> group built by from_mesh's fallback path
 _mesh_groups: dict[tuple[int, ...], "dist.ProcessGroup"] = {}
 
@@ -120,9 +136,10 @@ def _route(config: str, device_type: str) -> str:
     """How a tensor on ``device_type`` goes through a group with backend ``config``.
 
     Returns "direct" (the group's backend handles the device), "gloo" (a CPU
-    tensor under a group without a CPU backend, e.g. NCCL-only: use a gloo backend
-    over the same ranks) or "stage" (a device tensor under a group without
-    that device's backend: copy to CPU, reduce, copy back).
+    tensor under a group without a CPU backend, e.g. NCCL-only: use a private
+    gloo backend over the same ranks), "stage" (a device tensor under a group
+    without that device's backend: copy to CPU, reduce on the group's CPU
+    backend, copy back) or "gloo_stage" (neither: copy to CPU, private gloo).
     """
     backends = _parse_backend_config(config)
     if device_type in backends:
@@ -366,13 +383,11 @@ class DistributedContext:
         Creation is a rendezvous of the group's members only.
         """
         group = self.group
-        name = group.group_name
-        pg = _gloo_backends.get(name)
-        if pg is None:
-            store = dist.PrefixStore(f"d9d_kernels/gloo/{name}/", dist.distributed_c10d._get_default_store())
-            pg = dist.ProcessGroupGloo(store, dist.get_rank(group), dist.get_world_size(group), self._timeout)
-            _gloo_backends[name] = pg
-        return pg
+        st = _state(group)
+        if st.gloo is None:
+            store = dist.PrefixStore(f"d9d_kernels/gloo/{group.group_name}/", dist.distributed_c10d._get_default_store())
+            st.gloo = dist.ProcessGroupGloo(store, dist.get_rank(group), dist.get_world_size(group), self._timeout)
+        return st.gloo
 
     # ------------------------------------------------------------ host-side exchange
     def exchange(self, tag: str, value: Union[bytes, str]) -> list:
@@ -391,9 +406,9 @@ class DistributedContext:
         if self.is_local:
             return [value]
         group = self.group
-        name = group.group_name
-        seq = next(_exchange_seq.setdefault(name, itertools.count()))
-        store = dist.PrefixStore(f"{_STORE_PREFIX}{name}/", dist.distributed_c10d._get_default_store())
+        st = _state(group)
+        seq = next(st.exchange_seq)
+        store = dist.PrefixStore(f"{_STORE_PREFIX}{group.group_name}/", dist.distributed_c10d._get_default_store())
         ranks = self.ranks
         me = dist.get_rank()
         keys = [f"{seq}/{r}" for r in ranks]
@@ -413,8 +428,7 @@ class DistributedContext:
             n, _, rest = raw.partition(b":")
             tags.append(rest[: int(n)].decode())
             values.append(rest[int(n) :])
-        prev = _exchange_last_key.get(name)
-        _exchange_last_key[name] = f"{seq}/{me}"
+        prev, st.exchange_last_key = st.exchange_last_key, f"{seq}/{me}"
         if prev is not None:  # every rank has posted `seq`, so all have read `prev`
             try:
                 store.delete_key(prev)

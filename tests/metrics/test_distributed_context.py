@@ -8,7 +8,7 @@ import datetime
 import pytest
 import torch
 import torch.distributed as dist
-from dist_utils import run_distributed, run_distributed_expect_errors
+from dist_utils import free_port, run_distributed, run_distributed_expect_errors
 
 import d9d_kernels as dk
 from d9d_kernels import distributed as D
@@ -197,15 +197,29 @@ def _routing_worker(rank, world_size):
         t = _value(rank)
         ctx.all_reduce(t, "sum").wait()
         out[name] = t.tolist()
-    out["backends"] = {
-        key: (pg.rank(), pg.size()) for key, pg in D._gloo_backends.items()
-    }
+    out["backends"] = {key: (st.gloo.rank(), st.gloo.size()) for key, st in D._group_states.items() if st.gloo}
     out["names"] = [world.group.group_name, None if sub is None else sub.group.group_name]
     red = F.reduce_custom({"a": torch.tensor([float(rank)]), "b": torch.tensor(rank)}, {"a": "mean", "b": "min"}, ctx=world)
     out["functional"] = dict(a=red["a"].tolist(), b=red["b"].item())
     out["gather"] = F.all_gather({"x": torch.arange(rank + 1)}, ctx=world)["x"].tolist()
     out["group_count_unchanged"] = dist.distributed_c10d._world.group_count == group_count
     out["through_group"] = len(calls)  # nothing went through the (pretend NCCL-only) c10d groups
+    # a re-initialised world reuses group names: cached per-group state must not be reused
+    old = D._group_states[world.group.group_name].gloo
+    port = int(world.exchange("port", str(free_port()))[0])
+    dist.destroy_process_group()
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
+        timeout=datetime.timedelta(seconds=30),
+    )
+    t = _value(rank)
+    again = dk.DistributedContext(timeout=20)
+    again.all_reduce(t, "sum").wait()
+    out["reinit"] = dict(
+        sum=t.tolist(),
+        new_backend=D._group_states[again.group.group_name].gloo is not old,
+        exchange=again.exchange("x", str(rank)),
+    )
     return out
 
 
@@ -226,6 +240,7 @@ def test_routing_through_gloo_backend_gives_right_numbers():
         assert res["functional"] == dict(a=[1.5], b=0)
         assert res["gather"] == [0, 0, 1, 0, 1, 2, 0, 1, 2, 3]
         assert res["group_count_unchanged"] and res["through_group"] == 0
+        assert res["reinit"] == dict(sum=total, new_backend=True, exchange=["0", "1", "2", "3"])
 
 
 @pytest.mark.parametrize(
