@@ -392,3 +392,16 @@ def test_cuda_tensors_direct_and_staged():
         assert res["staged"] == torch.stack([_value(r) for r in range(2)]).amax(0).tolist()
         assert res["functional"] == ["cuda", [0.5], "cpu", 0]
         assert res["gather"] == [0, 0, 1]
+
+
+def test_default_context_resolves_the_world_lazily(tmp_path):
+    ctx = dk.DistributedContext()  # built before init_process_group
+    assert ctx.is_local and ctx.group is None
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        assert ctx.group is dist.group.WORLD and ctx.ranks == [0] and ctx.world_size == 1
+        assert ctx.is_local and ctx.cache_key == ("local",)  # a group of one needs no communication
+        assert dk.DistributedContext.local().cache_key == ("local",)
+    finally:
+        dist.destroy_process_group()
+    assert ctx.group is None
