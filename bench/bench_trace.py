@@ -11,13 +11,16 @@ starts, so import time is excluded on both sides):
   ``--repeats`` processes (p20/p50/p80 recorded); also CPU seconds (process +
   its workers, ``getrusage``), which a loaded 2-core machine distorts less;
 * memory: one more process per case with ``tracemalloc`` on (Python + numpy/pandas
-  buffers of the main process). Ours parses serially in this run so every rank's
-  parse is seen; HTA keeps its default pool, whose workers tracemalloc cannot see
-  (this favours HTA). ``worker_maxrss`` is the largest child's ru_maxrss; for ours it is
+  buffers of the main process). Both parse serially in this run (HTA:
+  ``load_traces(use_multiprocessing=False)``) so every rank's parse is seen; with the
+  pool, each worker peaks at about one rank's parse. ``worker_maxrss`` is the largest child's ru_maxrss; for ours it is
   dominated by a ~430 MiB child that ``import torch`` (via ``import d9d_kernels``) spawns
   before the clock starts, so it is not a measure of the parse workers;
   plus ``ru_maxrss`` growth of the process (VmHWM after - VmRSS before the work) and
   the largest worker's ``ru_maxrss`` (RUSAGE_CHILDREN).
+
+Providers: ``hta``; ``d9d`` (msgspec installed); ``d9d_stdlib`` (same code, stdlib json:
+what an install without the optional msgspec gets).
 
 Datasets: the shared real traces, and ``nccl_x8``: the 40k-event A100 rank copied to
 8 ranks (distributedInfo.rank rewritten) to exercise parallel parsing.
@@ -58,8 +61,14 @@ def vm(key):
 if provider == "hta":
     from hta.trace_analysis import TraceAnalysis
     logging.disable(logging.WARNING)
+    from hta.common.trace import Trace
     def work():
-        ta = TraceAnalysis(trace_dir=trace_dir)
+        if mem:  # serial parse, like ours in this run, so tracemalloc sees every rank's parse
+            ta = TraceAnalysis.__new__(TraceAnalysis)
+            ta.t = Trace(trace_dir=trace_dir)
+            ta.t.load_traces(False, use_multiprocessing=False)
+        else:
+            ta = TraceAnalysis(trace_dir=trace_dir)
         ta.get_temporal_breakdown(visualize=False)
         ta.get_comm_comp_overlap(visualize=False)
         ta.get_gpu_kernel_breakdown(visualize=False)
@@ -94,6 +103,8 @@ print("RESULT " + json.dumps(out))
 
 def run_child(provider: str, trace_dir: Path, mem: bool) -> dict:
     env = dict(os.environ, PYTHONPATH=str(REPO))
+    if provider == "d9d_stdlib":  # our parser without msgspec (the optional dependency)
+        env["D9D_TRACE_JSON"] = "stdlib"
     p = subprocess.run([sys.executable, "-c", CHILD, provider, str(trace_dir), "1" if mem else "0"],
                        capture_output=True, text=True, env=env, cwd=str(REPO), timeout=900)
     for line in p.stdout.splitlines():
@@ -143,7 +154,7 @@ def main():
             d = sets[name]
             n_ranks = len(list(d.iterdir()))
             res = {}
-            for provider in ("hta", "d9d"):
+            for provider in ("hta", "d9d", "d9d_stdlib"):
                 runs = [run_child(provider, d, False) for _ in range(args.repeats)]
                 walls = [r["wall_s"] for r in runs]
                 cpus = [r["cpu_s"] for r in runs]

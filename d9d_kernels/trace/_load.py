@@ -312,7 +312,8 @@ def _make_fast_decoder():
     return _msgspec.json.Decoder(Doc)
 
 
-_FAST = _make_fast_decoder()
+# D9D_TRACE_JSON=stdlib forces the stdlib decoder (benchmarks, debugging)
+_FAST = None if os.environ.get("D9D_TRACE_JSON") == "stdlib" else _make_fast_decoder()
 _COLL_ATTRS = [(f"c{i}", k) for i, k in enumerate(COLLECTIVE_ARG_KEYS)]
 
 
