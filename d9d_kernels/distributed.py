@@ -104,7 +104,9 @@ def _as_timedelta(timeout) -> datetime.timedelta:
     elif isinstance(timeout, (int, float)):
         out = datetime.timedelta(seconds=float(timeout))
     else:
-        raise TypeError(f"DistributedContext: timeout must be a datetime.timedelta or seconds, got {type(timeout).__name__}")
+        raise TypeError(
+            f"DistributedContext: timeout must be a datetime.timedelta or seconds, got {type(timeout).__name__}"
+        )
     if out.total_seconds() <= 0:
         raise ValueError(f"DistributedContext: timeout must be positive, got {out}")
     return out
@@ -227,7 +229,9 @@ class DistributedContext:
         return ctx
 
     @classmethod
-    def from_mesh(cls, mesh, dims: Union[str, Sequence[str]] = DEFAULT_MESH_DIMS, *, timeout=None) -> "DistributedContext":
+    def from_mesh(
+        cls, mesh, dims: Union[str, Sequence[str]] = DEFAULT_MESH_DIMS, *, timeout=None
+    ) -> "DistributedContext":
         """Reduce over the sub-mesh of the named ``dims`` of a DeviceMesh only.
 
         Ranks that differ only along other dims (e.g. "tp", "pp", "cp") are
@@ -243,7 +247,9 @@ class DistributedContext:
             raise ValueError("DistributedContext.from_mesh: the mesh has no mesh_dim_names; name its dims")
         dims = (dims,) if isinstance(dims, str) else tuple(dims)
         if not dims:
-            raise ValueError("DistributedContext.from_mesh: dims is empty; use DistributedContext.local() for no reduction")
+            raise ValueError(
+                "DistributedContext.from_mesh: dims is empty; use DistributedContext.local() for no reduction"
+            )
         missing = [d for d in dims if d not in names]
         if missing:
             if dims == DEFAULT_MESH_DIMS and len(missing) < len(dims):
@@ -309,7 +315,8 @@ class DistributedContext:
     def __repr__(self) -> str:
         if self.is_local:
             return "DistributedContext(local)"
-        return f"DistributedContext(group={self.group.group_name!r}, ranks={self.ranks}, timeout={self._timeout.total_seconds():g}s)"
+        secs = self._timeout.total_seconds()
+        return f"DistributedContext(group={self.group.group_name!r}, ranks={self.ranks}, timeout={secs:g}s)"
 
     # ------------------------------------------------------------ collectives
     def all_reduce(self, tensor: torch.Tensor, op: str) -> CollectiveHandle:
@@ -385,7 +392,8 @@ class DistributedContext:
         group = self.group
         st = _state(group)
         if st.gloo is None:
-            store = dist.PrefixStore(f"d9d_kernels/gloo/{group.group_name}/", dist.distributed_c10d._get_default_store())
+            default_store = dist.distributed_c10d._get_default_store()
+            store = dist.PrefixStore(f"d9d_kernels/gloo/{group.group_name}/", default_store)
             st.gloo = dist.ProcessGroupGloo(store, dist.get_rank(group), dist.get_world_size(group), self._timeout)
         return st.gloo
 

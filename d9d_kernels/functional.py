@@ -83,7 +83,7 @@ def _tensors(fn: str, metrics: Mapping) -> dict[str, torch.Tensor]:
         else:
             raise TypeError(f"{fn}: metrics[{k!r}] must be a tensor or a Python number, got {type(v).__name__}")
         if t.is_complex():
-            raise TypeError(f"{fn}: metrics[{k!r}] is complex ({t.dtype}); reductions of complex values are not supported")
+            raise TypeError(f"{fn}: metrics[{k!r}] is complex ({t.dtype}); complex values are not supported")
         out[k] = t
     return out
 
@@ -316,5 +316,8 @@ def collect_from_devices(metrics: Mapping[str, torch.Tensor]) -> dict[str, list[
                 raise ValueError(f"collect_from_devices: metrics[{k!r}] is 0-d; it needs a leading device axis")
             out[k] = list(v.unbind(0))
         else:
-            raise TypeError(f"collect_from_devices: metrics[{k!r}] must be a tensor with a leading device axis, got {type(v).__name__}")
+            raise TypeError(
+                f"collect_from_devices: metrics[{k!r}] must be a tensor with a leading device axis, "
+                f"got {type(v).__name__}"
+            )
     return out
