@@ -368,3 +368,27 @@ def test_against_torchmetrics(seed, n, C, task, masked):
             exp = getattr(tmf, f"{task}_{fn}")(preds.float(), tm_target, *kw.values(), average=average, ignore_index=ignore)
             # torchmetrics' JaccardIndex gives NaN for an empty average (0/0); our convention is 0.0
             close(ours.compute(), torch.nan_to_num(exp.double(), nan=0.0), atol=1e-6, msg=f"{task} {name} {average}")
+
+
+def test_input_layouts():
+    """Float class indices, [B, T] indices, bool binary inputs, [B, T, L] multilabel."""
+    a = dk.Accuracy(task="multiclass", num_classes=3)
+    a.update(torch.tensor([0.0, 2.0, 1.0, 1.0]), torch.tensor([0, 1, 1, 1]))
+    close(a.compute(), 0.75)
+    b = dk.Accuracy(task="multiclass", num_classes=3)
+    b.update(torch.tensor([[0, 2], [1, 1]]), torch.tensor([[0, 1], [1, 1]]), mask=torch.tensor([True, False]))
+    close(b.compute(), 1.0)  # mask [T] broadcast over [B, T]: column 1 (the miss) dropped
+    c = dk.Recall(task="binary")
+    c.update(torch.tensor([True, False, True]), torch.tensor([True, True, False]))
+    close(c.compute(), 0.5)
+    p = torch.rand(2, 5, 3)
+    t = torch.randint(0, 2, (2, 5, 3))
+    d = dk.F1Score(task="multilabel", num_labels=3, average="none")
+    d.update(p, t)
+    e = dk.F1Score(task="multilabel", num_labels=3, average="none")
+    e.update(p.reshape(10, 3), t.reshape(10, 3))
+    assert torch.equal(d.compute(), e.compute())
+    f = dk.Accuracy(task="multiclass", num_classes=3)
+    f.update(torch.tensor([0.5, 1.0]), torch.tensor([0, 1]))  # non-integral class index: bad, counted
+    with pytest.raises(ValueError, match="1 invalid"):
+        f.compute()
