@@ -256,12 +256,13 @@ def _logged_run(rank, world, args, tr: _Trainer, ctx, out_dir: Path):
 
 
 def _timed_variant(kind, tr: _Trainer, steps: int, log_every: int, ctx, state):
-    """Runs ``steps`` training steps with metrics ``kind``; returns per-step seconds.
+    """Runs ``steps`` training steps with metrics ``kind``.
 
+    Returns (per-step seconds, per-step seconds spent in the metric code).
     The metrics are reset (untimed) at the start of each block, so that
     torchmetrics' exact AUROC (which stores every score) stays bounded.
     """
-    times = []
+    times, mtimes = [], []
     g = state.get(kind)
     if g is not None:
         g.reset()
@@ -269,6 +270,7 @@ def _timed_variant(kind, tr: _Trainer, steps: int, log_every: int, ctx, state):
     for step in range(1, steps + 1):
         t = time.perf_counter()
         logits, y, loss, n, gnorm = tr.step()
+        tm = time.perf_counter()
         if kind == "d9d":
             _d9d_update(g, logits, y, loss, n, gnorm)
             if pending:
@@ -284,11 +286,13 @@ def _timed_variant(kind, tr: _Trainer, steps: int, log_every: int, ctx, state):
             if step % log_every == 0:
                 vals = g.compute()  # torchmetrics syncs inside compute(), blocking
                 float(vals["loss"])
-        times.append(time.perf_counter() - t)
+        end = time.perf_counter()
+        times.append(end - t)
+        mtimes.append(end - tm)
     if pending:
         g.wait_sync(ctx)
         g.compute()
-    return times
+    return times, mtimes
 
 
 def _overhead(rank, args, tr: _Trainer, ctx):
@@ -298,6 +302,7 @@ def _overhead(rank, args, tr: _Trainer, ctx):
     variants = ("none", "torchmetrics", "d9d")
     state = {"d9d": _d9d_group(), "torchmetrics": _TM()}
     times = {v: [] for v in variants}
+    mtimes = {v: [] for v in variants}
     total = {v: 0.0 for v in variants}
     bar = tqdm(total=args.rounds * len(variants), desc="overhead", disable=rank != 0, dynamic_ncols=True, file=sys.stderr, leave=False)
     # one warm-up block each (first calls allocate, torchmetrics finds compute groups)
@@ -306,8 +311,9 @@ def _overhead(rank, args, tr: _Trainer, ctx):
     for r in range(args.rounds):
         order = variants[r % 3 :] + variants[: r % 3]
         for v in order:
-            ts = _timed_variant(v, tr, args.block, args.log_every, ctx, state)
+            ts, ms = _timed_variant(v, tr, args.block, args.log_every, ctx, state)
             times[v] += ts
+            mtimes[v] += ms
             total[v] += sum(ts)
             bar.update(1)
     bar.close()
@@ -326,6 +332,12 @@ def _overhead(rank, args, tr: _Trainer, ctx):
             "mean_ms": mean * 1e3,
             "overhead_median_pct": (med / base_med - 1) * 100,
             "overhead_mean_pct": (mean / base_mean - 1) * 100,
+            # time inside the metric code itself (update, and at logging steps
+            # sync + compute), relative to a no-metrics step: robust to the
+            # step-time noise of a shared machine
+            "metric_code_median_ms": statistics.median(mtimes[v]) * 1e3,
+            "metric_code_mean_ms": sum(mtimes[v]) / len(mtimes[v]) * 1e3,
+            "metric_code_mean_pct": sum(mtimes[v]) / len(mtimes[v]) / base_med * 100,
         }
     return out
 
@@ -379,14 +391,18 @@ def _summary(args, res: dict, started: float) -> tuple[dict, str]:
         f"step time, rank 0, medians over {ov['none']['steps']} steps per variant "
         f"(interleaved blocks, sync every {args.log_every} steps):"
     )
-    lines.append(f"  {'metrics':<14}{'median ms':>10}{'p20':>8}{'p80':>8}{'mean ms':>9}{'overhead(median)':>18}{'overhead(mean)':>16}")
+    lines.append(f"  {'metrics':<14}{'median ms':>10}{'p20':>8}{'p80':>8}{'mean ms':>9}{'overhead(median)':>18}{'overhead(mean)':>16}"
+                 f"{'metric code ms med/mean':>26}{'% of step':>11}")
     for v in ("none", "torchmetrics", "d9d"):
         o = ov[v]
         name = {"none": "none", "torchmetrics": "torchmetrics", "d9d": "d9d_kernels"}[v]
         lines.append(
             f"  {name:<14}{o['median_ms']:>10.3f}{o['p20_ms']:>8.3f}{o['p80_ms']:>8.3f}{o['mean_ms']:>9.3f}"
             f"{o['overhead_median_pct']:>+17.2f}%{o['overhead_mean_pct']:>+15.2f}%"
+            f"{o['metric_code_median_ms']:>17.3f} / {o['metric_code_mean_ms']:<7.3f}{o['metric_code_mean_pct']:>+9.2f}%"
         )
+    lines.append("  (overhead = step time vs no metrics; 'in metric code' = time inside the metric calls per step,"
+                 " % of a no-metrics median step: less sensitive to a busy machine)")
     lines.append(f"final global metrics ({args.world_size} ranks) vs torchmetrics on the same batches:")
     for c in checks:
         lines.append(
