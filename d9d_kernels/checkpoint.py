@@ -68,7 +68,7 @@ class ResumeState:
         return metric_state_template(self.metric, self.saved_world_size, self.rank, self.world_size)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.metric.load_state_dict(state_dict)
+        self.metric.load_state_dict(state_dict, resharding=True)
 
 
 def for_resume(

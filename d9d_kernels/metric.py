@@ -638,10 +638,22 @@ class Metric(metaclass=_MetricMeta):
         st = self._storage
         return {"world_size": world, "schema": st.layout.fingerprint, f"rank_{rank}": st.entry()}
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+    def load_state_dict(self, state_dict: dict[str, Any], *, resharding: bool = False) -> None:
         """Restores local state: the sum (max for MAX slots) of every
-        ``rank_<s>`` entry present, re-centred to one pivot; none -> reset."""
+        ``rank_<s>`` entry present, re-centred to one pivot; none -> reset.
+
+        A checkpoint saved on another world size must be loaded through
+        ``d9d_kernels.checkpoint.for_resume`` (which passes ``resharding=True``):
+        loading it directly would silently drop the other saved ranks."""
         st = self._storage
+        saved_world = state_dict.get("world_size")
+        world = _rank_world()[1]
+        if saved_world is not None and int(saved_world) != world and not resharding:
+            raise ValueError(
+                f"{self._label}: checkpoint saved on {int(saved_world)} ranks, loading on {world}; load it with "
+                f"dcp.load({{key: dk.checkpoint.for_resume(metric, {int(saved_world)})}}, ...) so every saved "
+                "rank's state is loaded exactly once"
+            )
         schema = state_dict.get("schema")
         if schema is not None and schema != st.layout.fingerprint:
             raise ValueError(

@@ -130,5 +130,12 @@ def test_load_state_dict_merges_and_checks_schema():
 
     assert isinstance(a, Stateful) and isinstance(dk.SumMetric(), Stateful)
     empty = _group()
-    empty.load_state_dict({"world_size": 2})  # a rank that loads nothing starts empty
+    _feed(empty, 3)
+    dk.checkpoint.for_resume(empty, 2).load_state_dict({"world_size": 2})  # loads nothing: starts empty
+    assert empty.compute()["sum"].item() == 0.0
+    with pytest.raises(ValueError, match="for_resume"):  # other world size without for_resume
+        empty.load_state_dict({**a.state_dict(), "world_size": 4})
+    assert empty.compute()["sum"].item() == 0.0
+    tmpl = dk.checkpoint.metric_state_template(a, saved_world_size=5, rank=1, world_size=2)
+    assert sorted(k for k in tmpl if k.startswith("rank_")) == ["rank_1", "rank_3"]
     assert empty.compute()["sum"].item() == 0.0
