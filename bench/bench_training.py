@@ -11,7 +11,10 @@ The loop: an MLP (in 256 -> 1024 -> 1024 -> C), batch 256, SGD, single
 process, torch's default intra-op threads. The variants run in interleaved
 blocks (rotating order) on the same model so drift and background load hit
 all of them alike; the ``p20/p50/p80`` columns are per-step times, and the
-``overhead`` in the report is ``p50(variant) / p50(none) - 1``.
+``overhead`` in the report is ``p50(variant) / p50(none) - 1``. Rows with
+``op=metric_code`` time the metric calls alone inside each step (update, and
+compute at logging steps); ``p50(metric_code) / p50(none step)`` is a second,
+noise-robust overhead figure on a shared machine.
 
     python bench/bench_training.py [--quick] [--classes 100]
 """
@@ -76,7 +79,8 @@ class Loop:
         self.y = torch.randint(0, C, (n,), generator=g)
         self.batch, self.i, self.C, self.log_every = a.batch, 0, C, a.log_every
 
-    def step(self, metrics) -> None:
+    def step(self, metrics) -> float:
+        """One training step; returns the seconds spent in the metric code."""
         lo = (self.i % 8) * self.batch
         x, y = self.x[lo : lo + self.batch], self.y[lo : lo + self.batch]
         self.i += 1
@@ -85,19 +89,24 @@ class Loop:
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         self.opt.step()
-        if metrics is not None:
-            metrics.update(logits.detach(), y, loss.detach(), y.numel())
-            if self.i % self.log_every == 0:
-                float(metrics.compute()["loss"])  # what logging does
+        if metrics is None:
+            return 0.0
+        t = time.perf_counter()
+        metrics.update(logits.detach(), y, loss.detach(), y.numel())
+        if self.i % self.log_every == 0:
+            float(metrics.compute()["loss"])  # what logging does
+        return time.perf_counter() - t
 
 
-def run(a, C: int) -> dict[str, list[float]]:
+def run(a, C: int) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """Per-step times and per-step metric-code times of every variant."""
     loop = Loop(a, C)
     groups = {p: (None if p == "none" else pv.make_update_group(p, C)) for p in a.providers}
     for p in a.providers:  # warm-up block each
         for _ in range(max(3, a.block // 5)):
             loop.step(groups[p])
     times = {p: [] for p in a.providers}
+    mtimes = {p: [] for p in a.providers}
     n = len(a.providers)
     for r in range(a.rounds):
         order = a.providers[r % n :] + a.providers[: r % n]
@@ -105,24 +114,32 @@ def run(a, C: int) -> dict[str, list[float]]:
             g = groups[p]
             for _ in range(a.block):
                 t = time.perf_counter()
-                loop.step(g)
+                mtimes[p].append(loop.step(g))
                 times[p].append(time.perf_counter() - t)
-    return times
+    return times, mtimes
 
 
 def main(argv=None) -> int:
     a = parse(argv)
     rows = []
     for C in a.classes:
-        times = run(a, C)
+        times, mtimes = run(a, C)
         base = harness.stats(times["none"]).p50
+        shape = f"C={C},N={a.batch},hidden={a.hidden}"
         for p, ts in times.items():
             st = harness.stats(ts)
-            rows.append(harness.row(BENCH, op="train_step", provider=p,
-                                    shape=f"C={C},N={a.batch},hidden={a.hidden}",
+            rows.append(harness.row(BENCH, op="train_step", provider=p, shape=shape,
                                     dtype="float32", device="cpu", stats=st))
+            msg = ""
+            if p != "none":
+                # time inside the metric code per step: robust to a busy machine
+                ms = harness.stats(mtimes[p])
+                rows.append(harness.row(BENCH, op="metric_code", provider=p, shape=shape,
+                                        dtype="float32", device="cpu", stats=ms))
+                mean = sum(mtimes[p]) / len(mtimes[p])
+                msg = f"  metric code p50 {ms.p50 * 1e3:.3f} ms, mean {mean * 1e3:.3f} ms ({100 * mean / base:.2f} % of a step)"
             print(f"{BENCH}: C={C:<5d} {p:<18s} step {st.p50 * 1e3:8.3f} ms [p20 {st.p20 * 1e3:.3f}, "
-                  f"p80 {st.p80 * 1e3:.3f}]  overhead {100 * (st.p50 / base - 1):+6.2f} %", flush=True)
+                  f"p80 {st.p80 * 1e3:.3f}]  overhead {100 * (st.p50 / base - 1):+6.2f} %{msg}", flush=True)
     harness.write_csv(a.out, rows)
     print(f"{BENCH}: wrote {a.out} ({len(rows)} rows)")
     return 0

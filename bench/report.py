@@ -172,6 +172,7 @@ def plot_sync(rows, out: Path):
 
 def plot_training(rows, out: Path):
     plt = _plt()
+    rows = [r for r in rows if r.get("op", "train_step") == "train_step"]
     shapes = sorted({r["shape"] for r in rows})
     fig, axes = plt.subplots(1, len(shapes), figsize=(6 * len(shapes), 4.5), squeeze=False)
     for ax, sh in zip(axes[0], shapes):
@@ -286,21 +287,31 @@ def training_section(rows, targets: list) -> list[str]:
     lines = ["## Training-step overhead (`bench/bench_training.py`)", "",
              "Single-process CPU training loop (MLP, SGD), the update group of bench_update updated every "
              "step and computed every 50 steps; variants interleaved in blocks on the same model. "
-             "Overhead = median step time / median step time without metrics − 1.", "",
-             "| shape | variant | step median | p20 | p80 | overhead |", "|---|---|---|---|---|---|"]
-    for sh in sorted({r["shape"] for r in rows}):
-        rs = [r for r in rows if r["shape"] == sh]
+             "Overhead = median step time / median step time without metrics − 1. "
+             "'Metric code' = median time inside the metric calls per step / median step without metrics "
+             "(the same question, less sensitive to other load on a shared machine).", "",
+             "| shape | variant | step median | p20 | p80 | overhead | metric code (median) | metric code / step |",
+             "|---|---|---|---|---|---|---|---|"]
+    steps = [r for r in rows if r.get("op", "train_step") == "train_step"]
+    code = _index([r for r in rows if r.get("op") == "metric_code"], lambda r: (r["shape"], r["provider"]))
+    for sh in sorted({r["shape"] for r in steps}):
+        rs = [r for r in steps if r["shape"] == sh]
         base = next((r for r in rs if r["provider"] == "none"), None)
         if base is None:
             continue
         for r in rs:
             ov = 100 * (r["_p50"] / base["_p50"] - 1)
+            c = code.get((sh, r["provider"]))
+            cpct = 100 * c["_p50"] / base["_p50"] if c else None
             lines.append(f"| {sh} | {LABEL.get(r['provider'], r['provider'])} | {_fmt_t(r['_p50'])} | "
-                         f"{_fmt_t(r['_p20'])} | {_fmt_t(r['_p80'])} | {ov:+.2f} % |")
+                         f"{_fmt_t(r['_p20'])} | {_fmt_t(r['_p80'])} | {ov:+.2f} % | "
+                         f"{_fmt_t(c['_p50']) if c else '–'} | {f'{cpct:.2f} %' if c else '–'} |")
+            meas = f"{ov:+.2f} % (step medians); {cpct:.2f} % (metric code)" if c else f"{ov:+.2f} %"
             if r["provider"] == "d9d":
-                targets.append(("training", f"d9d_kernels step-time overhead, {sh}", "≤ 2 %", f"{ov:+.2f} %", ov <= 2.0))
+                ok = ov <= 2.0  # the target is on step time; metric code is shown alongside
+                targets.append(("training", f"d9d_kernels step-time overhead, {sh}", "≤ 2 %", meas, ok))
             elif r["provider"] in ("torchmetrics", "torchmetrics_fast"):
-                targets.append(("training", f"{LABEL[r['provider']]} step-time overhead, {sh} (reported)", "–", f"{ov:+.2f} %", None))
+                targets.append(("training", f"{LABEL[r['provider']]} step-time overhead, {sh} (reported)", "–", meas, None))
     lines.append("")
     return lines
 
