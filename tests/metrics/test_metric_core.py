@@ -136,6 +136,19 @@ def test_compile_fullgraph_update_reset_trigger_local():
     clear()
     assert g.compute()["sum"].item() == 0.0 and math.isnan(m.compute().item())
 
+    # group routing and ctx=None (no process group: local) compile too
+    g2 = dk.MetricGroup({"sum": dk.SumMetric(), "max": dk.MaxMetric()})
+
+    @torch.compile(fullgraph=True, backend="aot_eager")
+    def routed(x, w):
+        g2.update(values=x, weights=w)
+        g2.trigger_sync(None)
+
+    routed(x, w)
+    g2.wait_sync()
+    assert g2.compute()["sum"].item() == pytest.approx((x.double() * w).sum().item())
+    assert g2.compute()["max"].item() == x.max().item()
+
 
 @pytest.mark.gpu
 def test_no_host_sync_on_cuda():
