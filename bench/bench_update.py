@@ -42,6 +42,8 @@ def parse(argv=None):
     p.add_argument("--providers", nargs="*", default=list(pv.UPDATE_PROVIDERS), choices=pv.UPDATE_PROVIDERS)
     p.add_argument("--out", default=str(harness.RESULTS / f"{BENCH}.csv"))
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    p.add_argument("--device", default="cpu", help="cpu (default) or cuda: on cuda the d9d update is also "
+                   "run under torch.cuda.set_sync_debug_mode('error') and its host syncs per step recorded")
     a = p.parse_args(argv)
     if a.tiny:
         a.classes = a.classes or [10, 50]
@@ -51,21 +53,49 @@ def parse(argv=None):
     return a
 
 
+def host_sync_check(g, inputs, out_csv, C, N) -> None:
+    """GPU only: the d9d update + trigger_sync must not synchronise with the host.
+
+    Runs 3 steps under ``torch.cuda.set_sync_debug_mode("error")`` (any
+    host-device sync raises) and appends the verdict to
+    ``<results>/update_host_syncs.jsonl`` (syncs_per_step = 0, or the error).
+    """
+    import json
+
+    rec = {"C": C, "N": N, "device": torch.cuda.get_device_name(0)}
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(3):
+            g.update(*inputs)
+        rec["syncs_per_step"] = 0
+    except RuntimeError as e:
+        rec["syncs_per_step"] = ">= 1"
+        rec["error"] = str(e).splitlines()[0]
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    with open(Path(out_csv).with_name("update_host_syncs.jsonl"), "a") as f:
+        f.write(json.dumps(rec) + "\n")
+    print(f"{BENCH}: d9d host syncs per step on GPU (C={C}, N={N}): {rec['syncs_per_step']}", flush=True)
+
+
 def main(argv=None) -> int:
     a = parse(argv)
     if a.threads:
         torch.set_num_threads(a.threads)
     timing = harness.Timing.tiny() if a.tiny else (harness.Timing.quick() if a.quick else harness.Timing())
-    rows = []
+    rows, dev = [], torch.device(a.device)
+    sync = torch.cuda.synchronize if dev.type == "cuda" else None
     for C in a.classes:
         for N in a.batches:
-            inputs = pv.update_inputs(N, C)
+            inputs = pv.update_inputs(N, C, device=dev)
             for prov in a.providers:
-                g = pv.make_update_group(prov, C)
+                g = pv.make_update_group(prov, C, device=dev)
                 g.update(*inputs)  # first call: allocation, torchmetrics compute-group detection
-                st = harness.measure(lambda: g.update(*inputs), timing)
+                if prov == "d9d" and dev.type == "cuda":
+                    host_sync_check(g, inputs, a.out, C, N)
+                st = harness.measure(lambda: g.update(*inputs), timing, sync=sync)
                 rows.append(harness.row(BENCH, op="group_update", provider=prov, shape=f"C={C},N={N}",
-                                        dtype="float32", device="cpu", stats=st))
+                                        dtype="float32", device=dev.type, stats=st))
                 print(f"{BENCH}: C={C:<5d} N={N:<6d} {prov:<18s} {st.p50 * 1e6:>12.1f} us  "
                       f"[p20 {st.p20 * 1e6:.1f}, p80 {st.p80 * 1e6:.1f}]", flush=True)
                 del g
