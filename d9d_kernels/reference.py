@@ -121,10 +121,10 @@ def weighted_moments(
         first = torch.argmax(good.to(torch.int8)) if x.numel() > 0 else None
         if first is not None:
             has = good.any()
-            new_px = torch.where(torch.isnan(pivot[0]) & has, x[first], pivot[0])
+            new_px = torch.where(torch.isnan(pivot[0]) & has, x.index_select(0, first.reshape(1))[0], pivot[0])
             pivot[0].copy_(new_px)
             if yy is not None:
-                new_py = torch.where(torch.isnan(pivot[1]) & has, yy[first], pivot[1])
+                new_py = torch.where(torch.isnan(pivot[1]) & has, yy.index_select(0, first.reshape(1))[0], pivot[1])
                 pivot[1].copy_(new_py)
         # an unset pivot only occurs when no good element exists; use 0 then
         px = torch.nan_to_num(pivot[0], nan=0.0)
