@@ -4,8 +4,8 @@ selection under a step filter, kernel classification, device peak FLOP/s.
 
 from __future__ import annotations
 
-import os
 import re
+from pathlib import Path
 
 import numpy as np
 
@@ -26,13 +26,18 @@ _CACHE: dict = {}
 
 
 def _key(trace_dir, card):
+    """Identity of the inputs: every file under the given paths with its mtime and size."""
     paths = [trace_dir] if not isinstance(trace_dir, (list, tuple)) else list(trace_dir)
     out = []
     for p in paths:
-        try:
-            out.append((str(p), os.stat(p).st_mtime_ns))
-        except OSError:
-            out.append((str(p), None))
+        p = Path(p)
+        files = sorted(f for f in p.rglob("*") if f.is_file()) if p.is_dir() else [p]
+        for f in files:
+            try:
+                st = f.stat()
+                out.append((str(f), st.st_mtime_ns, st.st_size))
+            except OSError:
+                out.append((str(f), None, None))
     return tuple(out), str(card)
 
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 import gc
 import gzip
 import json
+import multiprocessing as mp
 import operator
 import os
 import re
@@ -508,7 +509,10 @@ def load_ranks(workload: Workload, parallel: bool = True, progress: bool | None 
     out: dict = {}
     workers = min(len(jobs), max_workers or os.cpu_count() or 1, _memory_worker_cap(p for p, _ in jobs))
     if parallel and workers > 1:
-        with ProcessPoolExecutor(max_workers=workers) as pool:
+        # fork: workers inherit the imported modules (a fresh interpreter would re-import
+        # torch through d9d_kernels, ~2 s per worker); HTA's parser does the same
+        ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else None
+        with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
             results: Iterable = pool.map(_load_one, jobs)
             out_iter = results
             for rank, rt, err in out_iter:

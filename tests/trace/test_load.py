@@ -227,3 +227,12 @@ def test_intervals_match_unit_grid(a, b):
     assert iv.subtract_length(A, B) == (ga & ~gb).sum()
     s, e = iv.union(*A)
     assert np.all(s[1:] > e[:-1])  # disjoint, sorted, non-touching
+
+
+def test_tool_cache_sees_rewritten_file(tmp_path):
+    from d9d_kernels.trace import overlap
+
+    p = SynthTrace().kernel("sgemm", 0, 100).write(tmp_path / "rank0_trace.json")
+    assert overlap.metric_cal(tmp_path, step_filter="all")["ranks"]["rank0"]["busy_time"]["value"] == 100
+    SynthTrace().kernel("sgemm", 0, 2500).write(p)  # same dir, same name: new mtime and size
+    assert overlap.metric_cal(tmp_path, step_filter="all")["ranks"]["rank0"]["busy_time"]["value"] == 2500
