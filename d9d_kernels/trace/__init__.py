@@ -12,7 +12,9 @@ metric ``{"value": v, "unit": "us" | "ms" | "%" | "bytes" | "GB/s" | ...,
 "summary": {...}, "notes": [...], "errors": {file: reason}}``.
 
 ``profile_mode``: ``"auto"`` (GPU analysis when the trace has GPU events,
-CPU-only otherwise), ``"gpu"`` or ``"cpu"``.
+CPU-only otherwise), ``"gpu"`` or ``"cpu"``. The GPU-time tools (overlap, kernel,
+gpu_utilization) also take ``step_filter="hta" | "all"`` and ``rounding="hta" |
+"exact"``; the defaults reproduce HolisticTraceAnalysis (docs/trace.md).
 
 Example:
     >>> from d9d_kernels.trace import overlap              # doctest: +SKIP

@@ -82,3 +82,18 @@ def test_cpu_mode_gloo():
             m["comm_time"]["value"] - m["overlap_time"]["value"])
     # rank 0 waits ~lag inside every all_reduce: more communication time than rank 1
     assert res["ranks"]["rank0"]["comm_time"]["value"] > res["ranks"]["rank1"]["comm_time"]["value"]
+
+
+def test_profile_mode(tmp_path):
+    t = SynthTrace()
+    t.kernel("sgemm", 0, 100)
+    t.cpu("record_param_comms", 10, 20, **{"Collective name": "allreduce", "In msg nelems": 4,
+                                           "Out msg nelems": 4, "dtype": "Float", "Group size": 2})
+    t.cpu("aten::mm", 0, 100, tid=7)
+    p = _write(tmp_path, t)
+    assert overlap.metric_cal(p)["ranks"]["rank0"]["mode"] == "gpu"
+    cpu = overlap.metric_cal(p, profile_mode="cpu")["ranks"]["rank0"]
+    assert cpu["mode"] == "cpu" and cpu["comm_time"]["value"] == 20
+    assert cpu["overlap_time"]["value"] == 20  # aten::mm runs on another thread throughout
+    with pytest.raises(ValueError, match="profile_mode"):
+        overlap.metric_cal(p, profile_mode="tpu")
