@@ -12,9 +12,14 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
+import triton
 from op_utils import FLOAT_DTYPES, assert_counts_equal, assert_sums_close, f64, noncontig, sprinkle
 
 import d9d_kernels as dk
@@ -28,6 +33,8 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore::RuntimeWarning"),
 ]
 
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
 OPS = ("weighted_moments", "class_stats", "binary_stats", "score_histogram", "running_extrema")
 NAN, INF = float("nan"), float("inf")
 
@@ -357,3 +364,95 @@ def test_triton_backend_listed_and_forced_backend_checked(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     with pytest.raises(RuntimeError, match="triton"):
         dk.ops.running_extrema(torch.ones(3), state=f64(2, fill=-INF), bad=f64(1), backend="triton")
+
+
+# ---- compiled Triton (not the interpreter) ---------------------------------------------------
+# conftest.py sets TRITON_INTERPRET=1 for the whole session, so these run in a subprocess.
+
+
+def _compile_all_for_cuda() -> None:
+    """Compiles every kernel to a cubin for sm_90 (no GPU needed): catches what the
+    interpreter lets through (loop-carried types, constexpr misuse, dtype mixes)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from d9d_kernels.triton import _common, binary_stats, class_stats, running_extrema, score_histogram
+    from d9d_kernels.triton import weighted_moments as wm
+
+    assert not _common.INTERPRETED
+
+    def cc(kernel, consts, ptrs):
+        sig = {}
+        for name in inspect.signature(kernel.fn).parameters:
+            sig[name] = "constexpr" if name in consts else ptrs.get(name, "*fp64") if name.endswith("_ptr") else "i32"
+        triton.compile(ASTSource(fn=kernel, signature=sig, constexprs=consts), target=GPUTarget("cuda", 90, 32))
+
+    on = dict(HAS_M=True, HAS_IGNORE=True)
+    B = _common.BLOCK
+    xs = {"x_ptr": "*bf16", "y_ptr": "*fp32", "w_ptr": "*fp16", "m_ptr": "*u8", "first_ptr": "*i64"}
+    cc(wm._first_good_kernel, dict(HAS_Y=True, HAS_W=True, HAS_M=True, BLOCK=B), xs)
+    cc(wm._moments_kernel, dict(SKIP_BAD=True, HAS_Y=True, HAS_W=True, HAS_M=True, HAS_PIVOT=True, BLOCK=B), xs)
+    cc(wm._moments_kernel, dict(SKIP_BAD=False, HAS_Y=False, HAS_W=False, HAS_M=False, HAS_PIVOT=False, BLOCK=B), xs)
+    cc(wm._set_pivot_kernel, dict(HAS_Y=True), xs)
+    cc(running_extrema._partial_kernel, dict(SKIP_BAD=True, HAS_M=True, BLOCK=B), {"x_ptr": "*fp16", "m_ptr": "*u8"})
+    cc(running_extrema._combine_kernel, dict(BLOCK_P=_common.pow2(_common.MAX_PROGRAMS)), {})
+    ps = {"p_ptr": "*fp32", "t_ptr": "*i64", "m_ptr": "*u8", "flag_ptr": "*i32", "ks_ptr": "*i64"}
+    for L in (1, 100):
+        bn, bl = binary_stats.tile_2d(L)
+        cc(binary_stats.outside_kernel, dict(BLOCK_N=bn, BLOCK_L=bl, **on), ps)
+        cc(binary_stats._binary_stats_kernel, dict(KIND=2, BLOCK_N=bn, BLOCK_L=bl, **on), ps)
+        cc(score_histogram._binary_hist_kernel, dict(KIND=2, BLOCK_N=bn, BLOCK_L=bl, **on), ps)
+    bc = min(_common.pow2(1000), _common.TILE)
+    cc(score_histogram._multiclass_outside_kernel, dict(BLOCK_N=_common.TILE // bc, BLOCK_C=bc, **on), ps)
+    cc(score_histogram._multiclass_hist_kernel, dict(KIND=2, BLOCK_N=_common.TILE // bc, BLOCK_C=bc, **on), ps)
+    cc(class_stats._index_kernel, dict(HAS_CONFMAT=True, BLOCK=B, **on), {**ps, "p_ptr": "*i64"})
+    cc(class_stats._scores_kernel, dict(HAS_CONFMAT=True, NLL=True, K=3, KMAX=5, KP=8, BLOCK_N=16, BLOCK_C=128, **on),
+       {**ps, "s_ptr": "*bf16"})
+
+
+def _run_without_interpreter(func: str) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    code = f"import sys; sys.path.insert(0, {str(HERE)!r}); import test_triton; test_triton.{func}()"
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-4000:]
+
+
+def test_kernels_compile_for_cuda():
+    pytest.importorskip("triton.backends.nvidia")
+    _run_without_interpreter("_compile_all_for_cuda")
+
+
+def _gpu_check() -> None:
+    """On a CUDA device with compiled Triton: every op vs the reference, and the
+    triton_op path (not the interpreter fallback) under torch.compile(fullgraph=True)."""
+    from d9d_kernels.triton import _common
+
+    assert not _common.INTERPRETED
+    dev = torch.device("cuda")
+    args = _all_ops_args()
+    cuda = lambda t: t.to(dev) if isinstance(t, torch.Tensor) else tuple(cuda(s) for s in t)  # noqa: E731
+    eager, compiled = [cuda(a) for a in args], [cuda(a) for a in _all_ops_args()]
+    _all_ops(*eager)
+    torch.compile(_all_ops, fullgraph=True)(*compiled)
+    for a, b in zip(_flat(eager[5]), _flat(compiled[5])):
+        assert_sums_close(b.cpu(), a.cpu(), "compiled vs eager on cuda", rtol=1e-12)
+    x, p2, t2, s, t = args[:5]
+    want = f64(9)
+    reference.weighted_moments(x, x * 2, None, None, False, want, f64(1), f64(2, fill=NAN))
+    assert_sums_close(_flat(eager[5])[0].cpu(), want, "weighted_moments on cuda")
+    for n, C in ((5, 123), (3000, 37), (64, 1100)):
+        sc = sprinkle(torch.randn(n, C), frac=0.002)
+        tg = torch.randint(-1, C + 1, (n,))
+        states = _class_states(3, C)
+        want = [st.clone() for st in states]
+        got = [st.to(dev) for st in states]
+        reference.class_stats(sc, tg, None, C, None, [1, 2, 5], True, *want)
+        tr("class_stats")(sc.to(dev), tg.to(dev), None, C, None, [1, 2, 5], True, *got)
+        for g, w in zip(got, want):
+            assert_sums_close(g.cpu(), w, "class_stats on cuda")
+
+
+@pytest.mark.gpu
+def test_compiled_triton_on_gpu():
+    _run_without_interpreter("_gpu_check")
