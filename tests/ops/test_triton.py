@@ -423,6 +423,45 @@ def test_kernels_compile_for_cuda():
     _run_without_interpreter("_compile_all_for_cuda")
 
 
+def _trace_triton_op() -> None:
+    """torch.compile(fullgraph=True) traces *into* the triton_op launchers: AOT sees
+    every kernel launch as a triton_kernel_wrapper_functional node. Nothing is
+    launched (the compiled function is replaced before it runs), so no GPU is needed."""
+    from torch._functorch.aot_autograd import aot_module_simplified
+
+    from d9d_kernels import _extension
+    from d9d_kernels.triton import _common
+
+    assert not _common.INTERPRETED
+    _extension.triton_usable = lambda device: True  # route CPU tensors to triton; nothing runs
+    graphs = []
+
+    class Traced(Exception):
+        pass
+
+    def capture(gm, example_inputs):
+        graphs.append(gm)
+
+        def never(*args):
+            raise Traced
+
+        return never
+
+    with pytest.raises(Traced):
+        torch.compile(
+            _all_ops, fullgraph=True, backend=lambda gm, ex: aot_module_simplified(gm, ex, fw_compiler=capture)
+        )(*_all_ops_args())
+    launches = [n for n in graphs[0].graph.nodes if "triton_kernel_wrapper" in str(n.target)]
+    # weighted_moments 3 (first good, sums, set pivot), running_extrema 2, class_stats 1,
+    # binary_stats 2 and score_histogram 2 (INPUT_AUTO prepass + counts)
+    assert len(launches) == 10, graphs[0].code
+
+
+def test_triton_op_traced_by_torch_compile():
+    pytest.importorskip("triton.backends.nvidia")
+    _run_without_interpreter("_trace_triton_op")
+
+
 def _gpu_check() -> None:
     """On a CUDA device with compiled Triton: every op vs the reference, and the
     triton_op path (not the interpreter fallback) under torch.compile(fullgraph=True)."""
