@@ -21,7 +21,7 @@ Providers (the ``provider`` column):
 The metric mix cycles mean, sum, max, min, accuracy(C=10), macro F1(C=10)
 (``providers.SYNC_MIX``). Before every timed call each group is updated
 (untimed) so that no peer can return a cached result, then all ranks meet at
-a barrier. Times are rank 0's.
+a barrier; providers take turns within each repeat. Times are rank 0's.
 
     python bench/bench_sync.py [--quick] [--worlds 2 4] [--ks 1 4 16 64]
 """
@@ -92,10 +92,13 @@ def _rank_main(rank: int, world: int, a, warmup: int, repeats: int):
             "torcheval": ("torcheval", lambda: groups["torcheval"].sync_compute()),
             "raw_all_reduce": (None, lambda: dist.all_reduce(raw)),
         }
-        for prov in a.providers:
-            gname, fn = ops[prov]
-            times = []
-            for i in range(warmup + repeats):
+        # providers interleaved within each repeat (not one block each): on a
+        # shared machine, slow periods (scheduler time slices of ~4 ms were seen
+        # hitting whole blocks) then hit every provider alike
+        times = {prov: [] for prov in a.providers}
+        for i in range(warmup + repeats):
+            for prov in a.providers:
+                gname, fn = ops[prov]
                 if gname is not None:
                     groups[gname].update(logits, target, loss, n)
                 dist.barrier()
@@ -103,8 +106,9 @@ def _rank_main(rank: int, world: int, a, warmup: int, repeats: int):
                 fn()
                 dt = time.perf_counter() - t
                 if i >= warmup:
-                    times.append(dt)
-            out.append({"K": K, "provider": prov, "bytes": nbytes, "times": times})
+                    times[prov].append(dt)
+        for prov in a.providers:
+            out.append({"K": K, "provider": prov, "bytes": nbytes, "times": times[prov]})
     return out
 
 
@@ -169,6 +173,9 @@ def run_world(world: int, a, warmup: int, repeats: int):
 def main(argv=None) -> int:
     a = parse(argv)
     timing = harness.Timing.tiny() if a.tiny else (harness.Timing.quick() if a.quick else harness.Timing())
+    # one collective per call is short and noisy on a shared machine: more repeats than the
+    # harness default (each repeat is a single call, there is no inner loop here)
+    timing = harness.Timing(warmup=timing.warmup + 2, repeats=timing.repeats * 3) if not a.tiny else timing
     rows = []
     for world in a.worlds:
         for r in run_world(world, a, timing.warmup, timing.repeats):

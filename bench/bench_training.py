@@ -42,7 +42,7 @@ def parse(argv=None):
     p.add_argument("--tiny", action="store_true", help="smoke test (tests only)")
     p.add_argument("--classes", type=int, nargs="*", default=None, help="default 100 1000 (quick: 100)")
     p.add_argument("--batch", type=int, default=256)
-    p.add_argument("--hidden", type=int, default=1024)
+    p.add_argument("--hidden", type=int, default=None, help="default 1024 (quick: 512)")
     p.add_argument("--features", type=int, default=256)
     p.add_argument("--log-every", type=int, default=50)
     p.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 10; quick 4)")
@@ -55,8 +55,9 @@ def parse(argv=None):
         a.batch, a.hidden, a.features = 32, 32, 16
         a.rounds, a.block, a.log_every = a.rounds or 1, a.block or 4, 2
     a.classes = a.classes or ([100] if a.quick else [100, 1000])
+    a.hidden = a.hidden or (512 if a.quick else 1024)
     a.rounds = a.rounds or (4 if a.quick else 10)
-    a.block = a.block or (30 if a.quick else 50)
+    a.block = a.block or (25 if a.quick else 50)
     if "none" not in a.providers:
         a.providers = ["none"] + list(a.providers)
     return a
