@@ -1,0 +1,176 @@
+"""CPU throughput of the five kernels: C++ (cpp) vs the plain-PyTorch reference
+(torch) vs a memory-read floor, plus the per-call overhead of tiny inputs.
+
+    python bench/bench_kernels.py [--quick] [--out bench/results/bench_kernels.csv]
+
+Providers: ``cpp`` = dk.ops wrapper on the C++ kernel, ``cpp_raw`` = the
+``torch.ops.d9d_kernels.<op>.default`` call alone (N=1 only), ``torch`` = the
+dk.ops wrapper on ``d9d_kernels.reference``, ``floor`` = ``x.sum()`` over as
+many bytes as the op's inputs (what reading them once costs). The reference is
+skipped where its float64 [N, C] temporaries would not fit in memory.
+Writes the CSV, a PNG next to it, and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness  # noqa: E402
+
+import d9d_kernels as dk  # noqa: E402
+
+BENCH = "bench_kernels"
+REF_BYTES_LIMIT = 6e9  # skip the reference when its temporaries exceed this
+QUICK_REF_MAX_N = 10**6  # --quick: the reference takes seconds per call beyond this
+
+
+def f64(*shape, fill=0.0):
+    return torch.full(shape, fill, dtype=torch.float64)
+
+
+def case_weighted_moments(N, C):
+    x, y, w = torch.randn(N), torch.randn(N), torch.rand(N)
+    st, bad = f64(9), f64(1)
+    run = lambda b: dk.ops.weighted_moments(x, y, w, state=st, bad=bad, backend=b)  # noqa: E731
+    raw = lambda: torch.ops.d9d_kernels.weighted_moments.default(x, y, w, None, False, st, bad, None)  # noqa: E731
+    return run, raw, 3 * N * 4, 12 * N * 8
+
+
+def case_running_extrema(N, C):
+    x = torch.randn(N)
+    st, bad = f64(2, fill=float("-inf")), f64(1)
+    run = lambda b: dk.ops.running_extrema(x, state=st, bad=bad, backend=b)  # noqa: E731
+    raw = lambda: torch.ops.d9d_kernels.running_extrema.default(x, None, False, st, bad)  # noqa: E731
+    return run, raw, N * 4, 4 * N * 8
+
+
+def case_class_stats_indices(N, C):
+    p, t = torch.randint(0, C, (N,)), torch.randint(0, C, (N,))
+    st, ex, bad = f64(1, 3, C), f64(2), f64(1)
+    run = lambda b: dk.ops.class_stats(p, t, num_classes=C, stats=st, extras=ex, bad=bad, backend=b)  # noqa: E731
+    raw = lambda: torch.ops.d9d_kernels.class_stats.default(p, t, None, C, None, [1], False, st, None, ex, bad)  # noqa: E731
+    return run, raw, 2 * N * 8, 3 * N * C * 8
+
+
+def case_class_stats_logits(N, C):
+    p, t = torch.randn(N, C), torch.randint(0, C, (N,))
+    ks = (1, 5) if C >= 5 else (1,)
+    st, ex, bad = f64(len(ks), 3, C), f64(2), f64(1)
+    run = lambda b: dk.ops.class_stats(p, t, num_classes=C, stats=st, extras=ex, bad=bad, top_ks=ks, nll=True, backend=b)  # noqa: E731
+    raw = lambda: torch.ops.d9d_kernels.class_stats.default(p, t, None, C, None, list(ks), True, st, None, ex, bad)  # noqa: E731
+    return run, raw, N * C * 4 + N * 8, 7 * N * C * 8
+
+
+def case_binary_stats(N, C):
+    p, t = torch.randn(N), torch.randint(0, 2, (N,))
+    st, bad = f64(1, 4), f64(1)
+    run = lambda b: dk.ops.binary_stats(p, t, state=st, bad=bad, backend=b)  # noqa: E731
+    raw = lambda: torch.ops.d9d_kernels.binary_stats.default(p[:, None], t[:, None], None, 0.5, None, 2, st, bad)  # noqa: E731
+    return run, raw, N * 12, 10 * N * 8
+
+
+def case_score_histogram(N, C):
+    p, t = torch.rand(N), torch.randint(0, 2, (N,))
+    h, bad = f64(2, 1, C), f64(1)
+    run = lambda b: dk.ops.score_histogram(p, t, hist=h, bad=bad, backend=b)  # noqa: E731
+    raw = lambda: torch.ops.d9d_kernels.score_histogram.default(p[:, None], t[:, None], None, None, 2, False, h, bad)  # noqa: E731
+    return run, raw, N * 12, 10 * N * 8
+
+
+CASES = {
+    "weighted_moments": case_weighted_moments,
+    "running_extrema": case_running_extrema,
+    "class_stats_indices": case_class_stats_indices,
+    "class_stats_logits": case_class_stats_logits,
+    "binary_stats": case_binary_stats,
+    "score_histogram": case_score_histogram,
+}
+
+
+def plan(quick: bool):
+    """(case, N, C) triples."""
+    ns = [10**3, 10**5, 10**7] if quick else [10**3, 10**4, 10**5, 10**6, 10**7]
+    out = []
+    for case in ("weighted_moments", "running_extrema", "binary_stats"):
+        out += [(case, n, 0) for n in ns]
+    out += [("score_histogram", n, 1000) for n in ns]
+    for C in (10, 1000):
+        out += [("class_stats_indices", n, C) for n in ns]
+    logits = [(256, 1000), (2048, 1000), (128, 32000)] if quick else [(1024, 1000), (16384, 1000), (1024, 32000), (16384, 32000)]
+    out += [("class_stats_logits", n, c) for n, c in logits]
+    return out
+
+
+def parse(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="fewer sizes and repeats (< 3 min on 2 cores)")
+    p.add_argument("--tiny", action="store_true", help="alias of --quick")
+    p.add_argument("--out", default=str(harness.RESULTS / f"{BENCH}.csv"))
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    a = parse(argv)
+    quick = a.quick or a.tiny
+    timing = harness.Timing.quick() if quick else harness.Timing()
+    have_cpp = "cpp" in dk.ops.backends()
+    rows, table = [], []
+
+    def record(op, provider, shape, dtype, st):
+        rows.append(harness.row(BENCH, op=op, provider=provider, shape=shape, dtype=dtype, device="cpu", stats=st))
+        table.append((op, shape, provider, st.p50 * 1e6))
+
+    # per-call overhead at N=1: the raw op and the wrapper
+    for case, make in CASES.items():
+        C = 10 if case.startswith("class_stats") else (10 if case == "score_histogram" else 0)
+        run, raw, _, _ = make(1, C)
+        shape = f"N=1,C={C}"
+        if have_cpp:
+            record(case, "cpp_raw", shape, "float32", harness.measure(raw, timing))
+            record(case, "cpp", shape, "float32", harness.measure(lambda: run("cpp"), timing))
+        record(case, "torch", shape, "float32", harness.measure(lambda: run("torch"), timing))
+
+    for case, n, C in plan(quick):
+        run, _, in_bytes, ref_bytes = CASES[case](n, C)
+        shape = f"N={n},C={C}"
+        if have_cpp:
+            record(case, "cpp", shape, "float32", harness.measure(lambda: run("cpp"), timing))
+        if ref_bytes <= REF_BYTES_LIMIT and not (quick and n > QUICK_REF_MAX_N):
+            slow = harness.Timing(warmup=1, repeats=3, min_repeat_s=0.0) if n >= 10**6 else timing
+            record(case, "torch", shape, "float32", harness.measure(lambda: run("torch"), slow))
+        floor = torch.randn(max(1, in_bytes // 4))
+        record(case, "floor", shape, "float32", harness.measure(lambda: floor.sum(), timing))
+        del run, floor
+        print(f"{BENCH}: {case:<20s} {shape:<16s} done", flush=True)
+
+    path = harness.write_csv(a.out, rows)
+    harness.plot(path, Path(a.out).with_suffix(".png"), x="N", title="d9d_kernels CPU ops (p50 per call)")
+    print_table(table)
+    print(f"{BENCH}: wrote {path} ({len(rows)} rows)")
+    return 0
+
+
+def print_table(table):
+    by = {}
+    for op, shape, prov, us in table:
+        by.setdefault((op, shape), {})[prov] = us
+    hdr = f"| {'op':<20s} | {'shape':<16s} | {'cpp µs':>10s} | {'torch µs':>10s} | {'floor µs':>9s} | {'torch/cpp':>9s} | {'cpp/floor':>9s} |"
+    print(hdr)
+    print("|" + "|".join("-" * (len(c)) for c in hdr.split("|")[1:-1]) + "|")
+    for (op, shape), d in by.items():
+        cpp, ref, fl = d.get("cpp"), d.get("torch"), d.get("floor")
+        raw = d.get("cpp_raw")
+        fmt = lambda v: f"{v:10.1f}" if v is not None else f"{'-':>10s}"  # noqa: E731
+        ratio = lambda a, b: f"{a / b:9.1f}" if a and b else f"{'-':>9s}"  # noqa: E731
+        extra = f"  (raw op {raw:.2f} µs)" if raw is not None else ""
+        print(f"| {op:<20s} | {shape:<16s} | {fmt(cpp)} | {fmt(ref)} | {fl if fl is None else round(fl, 1)!s:>9} | "
+              f"{ratio(ref, cpp)} | {ratio(cpp, fl)} |{extra}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
