@@ -5,11 +5,13 @@ from __future__ import annotations
 import os
 
 import pytest
-import torch
+import torch  # does not import triton
 
-# Triton kernels run on CPU tensors in the interpreter. Must be set before
-# `import triton` anywhere in the test process.
-os.environ.setdefault("TRITON_INTERPRET", "1")
+# Without a GPU, Triton kernels run on CPU tensors in the interpreter. Must be
+# set before `import triton` anywhere in the test process. On a GPU machine
+# they run compiled.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import d9d_kernels as dk  # noqa: E402
 
