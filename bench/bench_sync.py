@@ -44,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness  # noqa: E402
 import providers as pv  # noqa: E402
 
-BENCH = "sync"
+BENCH = "bench_sync"
 PROVIDERS = ("d9d", "d9d_compute", "torchmetrics", "torcheval", "raw_all_reduce")
 FULL_KS = (1, 2, 4, 8, 16, 32, 64)
 QUICK_KS = (1, 4, 16, 64)

@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness  # noqa: E402
 import providers as pv  # noqa: E402
 
-BENCH = "training"
+BENCH = "bench_training"
 PROVIDERS = ("none", "d9d", "torchmetrics", "torchmetrics_fast")
 
 

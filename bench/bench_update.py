@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness  # noqa: E402
 import providers as pv  # noqa: E402
 
-BENCH = "update"
+BENCH = "bench_update"
 FULL_BATCHES = (32, 128, 512, 2048, 8192, 32768, 65536)
 QUICK_BATCHES = (32, 1024, 16384)
 CLASSES = (10, 1000)

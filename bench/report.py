@@ -317,7 +317,7 @@ def training_section(rows, targets: list) -> list[str]:
 
 
 def generic_section(name: str, rows) -> list[str]:
-    lines = [f"## `{name}` (`bench/bench_{name}.py`)", "",
+    lines = [f"## `{name}` (`bench/{name}.py`)", "",
              "Median per (op, shape, provider), as written by the benchmark; see its docstring for the question.", ""]
     provs = sorted({r["provider"] for r in rows})
     lines += ["| op | shape | " + " | ".join(provs) + " |", "|" + "---|" * (2 + len(provs))]
@@ -337,8 +337,8 @@ def generic_section(name: str, rows) -> list[str]:
 def build(results: Path, doc: Path, plots: bool = True) -> str:
     results = Path(results)
     sections, targets, pngs = [], [], []
-    known = {"update": (update_section, plot_update), "sync": (sync_section, plot_sync),
-             "training": (training_section, plot_training)}
+    known = {"bench_update": (update_section, plot_update), "bench_sync": (sync_section, plot_sync),
+             "bench_training": (training_section, plot_training)}
     csvs = sorted(results.glob("*.csv"))
     ordered = [results / f"{k}.csv" for k in known] + [p for p in csvs if p.stem not in known]
     for path in ordered:

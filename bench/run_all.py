@@ -56,7 +56,7 @@ def command(name: str, a) -> list[str] | None:
         cmd.append("--tiny" if name != "kernels" else "--quick")
     elif a.quick:
         cmd.append("--quick")
-    cmd += ["--out", str(Path(a.results) / f"{name}.csv")]
+    cmd += ["--out", str(Path(a.results) / f"bench_{name}.csv")]
     return cmd
 
 

@@ -55,7 +55,7 @@ def tiny_run(tmp_path_factory):
 ])
 def test_csv_well_formed(tiny_run, name, providers):
     out, _ = tiny_run
-    rows = _rows(out / f"{name}.csv")
+    rows = _rows(out / f"bench_{name}.csv")
     assert rows, name
     assert {r["provider"] for r in rows} == providers
     cols = set(rows[0])
@@ -64,9 +64,9 @@ def test_csv_well_formed(tiny_run, name, providers):
     sys.path.insert(0, str(BENCH))
     import report
 
-    for r in report.load(out / f"{name}.csv"):
+    for r in report.load(out / f"bench_{name}.csv"):
         assert 0 < r["_p20"] <= r["_p50"] <= r["_p80"], r
-    assert (out / f"{name}.png").stat().st_size > 1000
+    assert (out / f"bench_{name}.png").stat().st_size > 1000
 
 
 @needs_harness
