@@ -205,7 +205,12 @@ def update_section(rows, targets: list) -> list[str]:
     lines = ["## Per-step update latency (`bench/bench_update.py`)", "",
              "Group: loss weighted mean + accuracy + top-5 accuracy + macro F1 + macro precision + "
              "macro recall + confusion matrix, float32 logits `[N, C]`, CPU. Median latency of one "
-             "group update; ratio = peer / d9d_kernels (> 1: d9d_kernels is faster).", ""]
+             "group update; ratio = peer / d9d_kernels (> 1: d9d_kernels is faster). torchmetrics "
+             "(default) uses its automatic compute groups, which compare states after the first batch: "
+             "when that batch has as many top-5 as top-1 hits (likely at C=1000, small N) it merges "
+             "top-5 into top-1 accuracy — faster, and wrong (see `d9d_kernels/demo.py`). torchmetrics "
+             "(fastest) uses `nan_strategy=\"ignore\"` on the loss mean: `\"disable\"` drops "
+             "MeanMetric's weights in torchmetrics 1.9.0.", ""]
     idx = _index(rows, lambda r: (r["provider"], r["_shape"]["C"], r["_shape"]["N"]))
     provs = [p for p in ("d9d", "torchmetrics", "torchmetrics_fast", "torcheval", "plain_torch") if any(k[0] == p for k in idx)]
     peers = [p for p in provs if p != "d9d"]
@@ -246,7 +251,8 @@ def sync_section(rows, targets: list) -> list[str]:
              "gloo ranks on 127.0.0.1, one intra-op thread each, rank 0's median. `d9d` = "
              "trigger_sync + wait_sync; `d9d (sync+compute)` adds compute(), comparable with the "
              "peers whose sync cannot be separated from compute; `raw` = one `dist.all_reduce` of our "
-             "packed state's bytes.", ""]
+             "packed state's bytes. World 4 runs 4 processes on this machine's 2 cores: its figures "
+             "include scheduling, not only communication.", ""]
     idx = _index(rows, lambda r: (r["provider"], r["_shape"]["world"], r["_shape"]["K"]))
     provs = [p for p in ("d9d", "d9d_compute", "torchmetrics", "torcheval", "raw_all_reduce") if any(k[0] == p for k in idx)]
     lines += ["| world | K | bytes | " + " | ".join(LABEL[p] for p in provs) + " | d9d / raw | torchmetrics / d9d (sync+compute) |",
