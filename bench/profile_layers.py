@@ -66,6 +66,17 @@ def update_layers(shapes: list[str]) -> None:
             print(f"  {name:<50s} p10 {p10:>10.1f}  p50 {p50:>10.1f} us")
 
 
+def gather_reduce(buf, n_sum: int, world: int):
+    """The one-collective alternative for small states: gather every rank's packed
+    [sum | max] buffer, reduce locally (sum over ranks, max over ranks)."""
+    import torch.distributed as dist
+
+    out = torch.empty(world * buf.numel(), dtype=buf.dtype)
+    dist.all_gather_into_tensor(out, buf)
+    v = out.view(world, -1)
+    return v[:, :n_sum].sum(0), v[:, n_sum:].amax(0)
+
+
 def _sync_rank(rank, world, ks):
     import torch.distributed as dist
 
@@ -112,6 +123,7 @@ def _sync_rank(rank, world, ks):
             "raw: two async all_reduces (sum + max)": rec(lambda: [h.wait() for h in (
                 dist.all_reduce(raw[:half], async_op=True),
                 dist.all_reduce(raw[half:], op=dist.ReduceOp.MAX, async_op=True))]),
+            "raw: ONE all_gather of [sum|max] + local reduce": rec(lambda: gather_reduce(raw, half, world)),
             "DistributedContext.all_reduce + wait": rec(lambda: ctx.all_reduce(raw, "sum").wait()),
             "ours: trigger_sync alone (wait untimed)": split(g, rec),
             "ours: trigger_sync + wait_sync": rec(lambda: (g.g.trigger_sync(None), g.g.wait_sync(None))),
@@ -128,7 +140,7 @@ def sync_layers(ks: list[int], world: int) -> None:
     for K, rows in res.items():
         print(f"world={world} K={K}")
         for name, v in rows.items():
-            print(f"  {name:<42s} {v if isinstance(v, dict) else f'p10 {v[0]:>7d}  p50 {v[1]:>7d} us'}")
+            print(f"  {name:<50s} {v if isinstance(v, dict) else f'p10 {v[0]:>7d}  p50 {v[1]:>7d} us'}")
 
 
 def main(argv=None) -> int:
