@@ -111,12 +111,15 @@ def parse(argv=None):
     p.add_argument("--quick", action="store_true", help="fewer sizes and repeats (< 3 min on 2 cores)")
     p.add_argument("--tiny", action="store_true", help="alias of --quick")
     p.add_argument("--out", default=str(harness.RESULTS / f"{BENCH}.csv"))
+    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     return p.parse_args(argv)
 
 
 def main(argv=None) -> int:
     a = parse(argv)
     quick = a.quick or a.tiny
+    if a.threads:
+        torch.set_num_threads(a.threads)
     timing = harness.Timing.quick() if quick else harness.Timing()
     have_cpp = "cpp" in dk.ops.backends()
     rows, table = [], []

@@ -27,6 +27,7 @@ void run(const at::Tensor& preds, const at::Tensor& target, const std::optional<
   const bool has_ig = ignore_index.has_value();
   const int64_t ig = ignore_index.value_or(0);
   const int64_t grain = std::max<int64_t>(1, kGrainElems / std::max<int64_t>(L, 1));
+  const Threshold thr = make_threshold(threshold);
   bool logits = input_kind == kInputLogits;
   if (input_kind == kInputAuto) logits = any_logit_entries<T>(p, t, m, has_m, has_ig, ig, n, L, grain);
 
@@ -46,7 +47,7 @@ void run(const at::Tensor& preds, const at::Tensor& target, const std::optional<
           bd[0] += 1.0;
           continue;
         }
-        st[j * 4 + binary_cell(to_prob(v, logits), threshold, tv == 1)] += 1.0;
+        st[j * 4 + binary_cell(is_positive(v, logits, thr), tv == 1)] += 1.0;
       }
     }
   });

@@ -2,8 +2,6 @@
 // They run before any write, so a failing call leaves the state unchanged.
 #pragma once
 
-#include <set>
-
 #include "common.h"
 
 namespace d9d {
@@ -33,10 +31,9 @@ inline void check_class_stats(const at::Tensor& preds, const at::Tensor& target,
               target.sizes(), ", got ", preds.sizes());
   }
   D9D_CHECK(!top_ks.empty(), op, "top_ks", "must be non-empty");
-  std::set<int64_t> seen;
-  for (int64_t k : top_ks) {
-    D9D_CHECK(k >= 1 && k <= C, op, "top_ks", "must lie in [1, num_classes=", C, "], got ", top_ks);
-    D9D_CHECK(seen.insert(k).second, op, "top_ks", "must be distinct, got ", top_ks);
+  for (size_t a = 0; a < top_ks.size(); ++a) {  // K is tiny: a quadratic test, no allocation
+    D9D_CHECK(top_ks[a] >= 1 && top_ks[a] <= C, op, "top_ks", "must lie in [1, num_classes=", C, "], got ", top_ks);
+    for (size_t b = 0; b < a; ++b) D9D_CHECK(top_ks[a] != top_ks[b], op, "top_ks", "must be distinct, got ", top_ks);
   }
   D9D_CHECK(scores || (top_ks.size() == 1 && top_ks[0] == 1), op, "top_ks",
             "must be [1] when preds are class indices (top-k needs scores), got ", top_ks);

@@ -15,7 +15,7 @@ namespace cuda {
 namespace {
 
 template <class T>
-__global__ void binary_kernel(Entries<T> in, const int* logit_flag, bool logits_fixed, double threshold,
+__global__ void binary_kernel(Entries<T> in, const int* logit_flag, bool logits_fixed, Threshold thr,
                               bool shared_counts, double* state, double* bad) {
   extern __shared__ double sh[];
   double* counts = shared_counts ? sh : state;
@@ -32,7 +32,7 @@ __global__ void binary_kernel(Entries<T> in, const int* logit_flag, bool logits_
       nbad += 1.0;
       continue;
     }
-    atomicAdd(counts + j * 4 + binary_cell(to_prob(v, logits), threshold, t == 1), 1.0);
+    atomicAdd(counts + j * 4 + binary_cell(is_positive(v, logits, thr), t == 1), 1.0);
   }
   if (shared_counts) shared_flush(sh, state, in.L * 4);
   __shared__ double scratch[kThreads / kWarp];
@@ -62,7 +62,7 @@ void binary_stats_cuda(const at::Tensor& preds_in, const at::Tensor& target, con
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     }
     binary_kernel<scalar_t><<<blocks, kThreads, shared_counts ? L * 4 * sizeof(double) : 0, stream>>>(
-        in, flag.defined() ? flag.data_ptr<int>() : nullptr, input_kind == kInputLogits, threshold, shared_counts,
+        in, flag.defined() ? flag.data_ptr<int>() : nullptr, input_kind == kInputLogits, make_threshold(threshold), shared_counts,
         state.data_ptr<double>(), bad.data_ptr<double>());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });

@@ -182,3 +182,21 @@ def test_cuda_matches_reference(dtype, kind, shape):
                         ignore_index=-1, input_kind=kind, backend="cuda")
     assert_counts_equal(got[0].cpu(), want[0], "state")
     assert_counts_equal(got[1].cpu(), want[1], "bad")
+
+
+@pytest.mark.parametrize("threshold", [0.5, 0.3, 0.9, 1e-3, 1e-7, 1 - 1e-7, 0.0, 1.0])
+def test_logits_at_the_threshold_boundary(backend, threshold):
+    # logits just around logit(threshold): the kernels' logit comparison and its
+    # exact-sigmoid fallback must give the reference's sigmoid(v) > threshold
+    import math
+
+    if 0 < threshold < 1:
+        lt = math.log(threshold) - math.log1p(-threshold)
+        rel = torch.tensor([0.0, 1e-14, -1e-14, 1e-12, -1e-12, 1e-10, -1e-10, 1e-8, -1e-8, 1e-3, -1e-3])
+        logits = (lt + rel * (1 + abs(lt))).double()
+    else:
+        logits = torch.tensor([-800.0, -40.0, -1.0, 0.0, 1.0, 40.0, 800.0], dtype=torch.float64)
+    logits = torch.cat([logits, torch.tensor([5.0])])  # keeps INPUT_AUTO on logits
+    target = torch.randint(0, 2, logits.shape)
+    run_and_compare(backend, logits, target, threshold=threshold, input_kind=reference.INPUT_LOGITS)
+    run_and_compare(backend, logits, target, threshold=threshold)

@@ -149,12 +149,9 @@ def test_opcheck():
 
 @pytest.mark.parametrize("with_pivot", [False, True])
 @pytest.mark.parametrize("impl", ["cpp", "torch"])
-def test_compile_matches_eager(request, impl, with_pivot):
+def test_compile_matches_eager(impl, with_pivot):
     if impl not in dk.ops.backends():
         pytest.skip(f"{impl} not available")
-    if impl == "torch" and with_pivot:
-        request.applymarker(pytest.mark.xfail(reason="reference.weighted_moments indexes x[first] with a 0-d tensor: an unbacked symbol under "
-                     "fullgraph; x.gather(0, first.reshape(1))[0] fixes it (reported to the owner of reference.py)"))
     x, y, w = torch.randn(4, 33), torch.randn(4, 33), torch.rand(4, 33)
 
     def fn(state, bad, pivot):
