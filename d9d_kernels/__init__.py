@@ -1,16 +1,56 @@
 """d9d_kernels: fused metric kernels and a metric library for large-scale PyTorch training.
 
-``import d9d_kernels`` never initialises CUDA and works without the compiled
-extension (see ``d9d_kernels.ops.backends()``).
+``import d9d_kernels`` is cheap: names are resolved on first use (PEP 562),
+so ``python -m d9d_kernels.trace`` never imports torch, and nothing here
+initialises CUDA. The ops work without the compiled extension (see
+``d9d_kernels.ops.backends()``).
 """
 
-from d9d_kernels import _extension, ops, reference  # noqa: F401
-from d9d_kernels import functional  # noqa: F401
-from d9d_kernels.distributed import DistributedContext  # noqa: F401
-from d9d_kernels import checkpoint  # noqa: F401
-from d9d_kernels.metric import Metric  # noqa: F401
-from d9d_kernels.group import MetricGroup  # noqa: F401
-from d9d_kernels.metrics.aggregation import MaxMetric, MinMetric, SumMetric, WeightedMeanMetric  # noqa: F401
-from d9d_kernels.metrics.catalogue import *  # noqa: F401,F403  (classification, ranking, regression, text)
+from __future__ import annotations
+
+import importlib
 
 __version__ = "0.1.0"
+
+_SUBMODULES = ("ops", "reference", "functional", "checkpoint", "distributed", "metrics", "trace", "_extension")
+
+# public name -> module that defines it
+_NAMES = {
+    "DistributedContext": "d9d_kernels.distributed",
+    "Metric": "d9d_kernels.metric",
+    "MetricGroup": "d9d_kernels.group",
+    **{n: "d9d_kernels.metrics.aggregation" for n in ("SumMetric", "WeightedMeanMetric", "MaxMetric", "MinMetric")},
+    **{
+        n: "d9d_kernels.metrics.catalogue"
+        for n in (
+            "Accuracy", "Precision", "Recall", "F1Score", "FBetaScore", "Specificity", "JaccardIndex",
+            "MatthewsCorrCoef", "CohenKappa", "ConfusionMatrix", "AUROC", "AveragePrecision",
+            "MeanSquaredError", "MeanAbsoluteError", "R2Score", "PearsonCorrCoef", "ExplainedVariance",
+            "Perplexity",
+        )
+    },
+}
+
+__all__ = [*_NAMES, *_SUBMODULES]
+
+
+def __getattr__(name: str):
+    if name in _SUBMODULES:
+        value = importlib.import_module(f"d9d_kernels.{name}")
+    elif name in _NAMES:
+        value = getattr(importlib.import_module(_NAMES[name]), name)
+    else:
+        raise AttributeError(f"module 'd9d_kernels' has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))
+
+
+# torch.ops.d9d_kernels.* must exist as soon as d9d_kernels is imported in a
+# process that uses torch; a torch-free process (the trace CLI: 2-6 s less
+# start-up here) never loads it.
+if "torch" in __import__("sys").modules:
+    from d9d_kernels import ops  # noqa: E402,F401  (loads _C once)

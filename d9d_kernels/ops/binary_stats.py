@@ -9,7 +9,7 @@ import torch
 
 from d9d_kernels import reference
 from d9d_kernels.ops._common import as_float, as_index
-from d9d_kernels.ops._dispatch import FLOATS, check, check_mask, check_state, pick
+from d9d_kernels.ops._dispatch import FLOATS, check, fail, check_mask, check_state, pick
 
 OP = "binary_stats"
 
@@ -54,8 +54,10 @@ def binary_stats(
     if not is_float:
         input_kind = reference.INPUT_PROBS
     target = as_index(OP, "target", target, dev)
-    check(preds.shape == target.shape, OP, "target", f"must have the shape of preds {tuple(preds.shape)}, got {tuple(target.shape)}")
-    check(input_kind in (0, 1, 2), OP, "input_kind", f"must be 0 (probs), 1 (logits) or 2 (auto), got {input_kind!r}")
+    if not (preds.shape == target.shape):
+        fail(OP, "target", f"must have the shape of preds {tuple(preds.shape)}, got {tuple(target.shape)}")
+    if not (input_kind in (0, 1, 2)):
+        fail(OP, "input_kind", f"must be 0 (probs), 1 (logits) or 2 (auto), got {input_kind!r}")
     n_lab = 1 if preds.dim() <= 1 else preds.shape[-1]
     mask = check_mask(OP, mask, target.shape, dev)
     check_state(OP, "state", state, (n_lab, 4), dev)

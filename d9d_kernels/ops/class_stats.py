@@ -12,7 +12,7 @@ import torch
 
 from d9d_kernels import reference
 from d9d_kernels.ops._common import as_index
-from d9d_kernels.ops._dispatch import FLOATS, check, check_mask, check_state, pick
+from d9d_kernels.ops._dispatch import FLOATS, check, fail, check_mask, check_state, pick
 
 OP = "class_stats"
 
@@ -59,24 +59,27 @@ def class_stats(
         >>> st[0, 0].tolist()  # true positives per class
         [1.0, 1.0, 0.0]
     """
-    check(isinstance(num_classes, int) and num_classes >= 1, OP, "num_classes", f"must be an int >= 1, got {num_classes!r}")
+    if not (isinstance(num_classes, int) and num_classes >= 1):
+        fail(OP, "num_classes", f"must be an int >= 1, got {num_classes!r}")
     check(isinstance(preds, torch.Tensor), OP, "preds", "must be a torch.Tensor", TypeError)
     dev = preds.device
     target = as_index(OP, "target", target, dev)
     C = num_classes
     scores = preds.dtype in FLOATS
     if scores:
-        check(
-            tuple(preds.shape) == tuple(target.shape) + (C,),
-            OP, "preds", f"scores must have shape target.shape + (num_classes,) = {tuple(target.shape) + (C,)}, got {tuple(preds.shape)}",
-        )
+        if tuple(preds.shape) != tuple(target.shape) + (C,):
+            fail(OP, "preds", f"scores must have shape target.shape + (num_classes,) = {tuple(target.shape) + (C,)}, got {tuple(preds.shape)}")
     else:
-        check(not preds.is_complex() and preds.dtype != torch.bool, OP, "preds", f"must be integer indices or floating scores, got {preds.dtype}", TypeError)
-        check(tuple(preds.shape) == tuple(target.shape), OP, "preds", f"indices must have the shape of target {tuple(target.shape)}, got {tuple(preds.shape)}")
+        if preds.is_complex() or preds.dtype == torch.bool:
+            fail(OP, "preds", f"must be integer indices or floating scores, got {preds.dtype}", TypeError)
+        if not (tuple(preds.shape) == tuple(target.shape)):
+            fail(OP, "preds", f"indices must have the shape of target {tuple(target.shape)}, got {tuple(preds.shape)}")
         preds = preds.to(torch.int64)
     top_ks = [int(k) for k in top_ks]
-    check(len(top_ks) >= 1 and len(set(top_ks)) == len(top_ks), OP, "top_ks", f"must be distinct and non-empty, got {top_ks}")
-    check(all(1 <= k <= C for k in top_ks), OP, "top_ks", f"must lie in [1, num_classes={C}], got {top_ks}")
+    if not (len(top_ks) >= 1 and len(set(top_ks)) == len(top_ks)):
+        fail(OP, "top_ks", f"must be distinct and non-empty, got {top_ks}")
+    if not (all(1 <= k <= C for k in top_ks)):
+        fail(OP, "top_ks", f"must lie in [1, num_classes={C}], got {top_ks}")
     check(scores or top_ks == [1], OP, "top_ks", "must be (1,) when preds are class indices (top-k needs scores)")
     check(scores or not nll, OP, "nll", "needs scores/logits preds, got class indices")
     mask = check_mask(OP, mask, target.shape, dev)

@@ -9,7 +9,7 @@ import torch
 
 from d9d_kernels import reference
 from d9d_kernels.ops._common import as_float, as_index
-from d9d_kernels.ops._dispatch import check, check_mask, check_state, pick
+from d9d_kernels.ops._dispatch import check, fail, check_mask, check_state, pick
 
 OP = "score_histogram"
 
@@ -52,14 +52,17 @@ def score_histogram(
     dev = preds.device
     preds = as_float(OP, "preds", preds, dev)
     target = as_index(OP, "target", target, dev)
-    check(input_kind in (0, 1, 2), OP, "input_kind", f"must be 0 (probs), 1 (logits) or 2 (auto), got {input_kind!r}")
-    check(hist.dim() == 3 and hist.shape[0] == 2, OP, "hist", f"must have shape [2, L, B], got {tuple(hist.shape)}")
+    if not (input_kind in (0, 1, 2)):
+        fail(OP, "input_kind", f"must be 0 (probs), 1 (logits) or 2 (auto), got {input_kind!r}")
+    if not (hist.dim() == 3 and hist.shape[0] == 2):
+        fail(OP, "hist", f"must have shape [2, L, B], got {tuple(hist.shape)}")
     if multiclass:
         check(preds.dim() >= 1 and tuple(preds.shape[:-1]) == tuple(target.shape), OP, "preds",
               f"must have shape target.shape + (C,), got preds {tuple(preds.shape)}, target {tuple(target.shape)}")
         n_lab = preds.shape[-1]
     else:
-        check(preds.shape == target.shape, OP, "target", f"must have the shape of preds {tuple(preds.shape)}, got {tuple(target.shape)}")
+        if not (preds.shape == target.shape):
+            fail(OP, "target", f"must have the shape of preds {tuple(preds.shape)}, got {tuple(target.shape)}")
         n_lab = 1 if preds.dim() <= 1 else preds.shape[-1]
     mask = check_mask(OP, mask, target.shape, dev)
     check_state(OP, "hist", hist, (2, n_lab, hist.shape[2]), dev)

@@ -10,7 +10,7 @@ import torch
 
 from d9d_kernels import reference
 from d9d_kernels.ops._common import as_float
-from d9d_kernels.ops._dispatch import check, check_mask, check_state, pick
+from d9d_kernels.ops._dispatch import check, fail, check_mask, check_state, pick
 
 OP = "weighted_moments"
 
@@ -53,14 +53,16 @@ def weighted_moments(
     dtype = x.dtype
     if y is not None:
         y = as_float(OP, "y", y, dev)
-        check(y.shape == shape, OP, "y", f"must have the shape of x {tuple(shape)}, got {tuple(y.shape)}")
+        if not (y.shape == shape):
+            fail(OP, "y", f"must have the shape of x {tuple(shape)}, got {tuple(y.shape)}")
         dtype = torch.promote_types(dtype, y.dtype)
     if weights is not None:
         weights = as_float(OP, "weights", weights, dev)
         try:
             weights = torch.broadcast_to(weights, shape)
         except RuntimeError:
-            check(False, OP, "weights", f"of shape {tuple(weights.shape)} does not broadcast to {tuple(shape)}")
+            if not (False):
+                fail(OP, "weights", f"of shape {tuple(weights.shape)} does not broadcast to {tuple(shape)}")
         dtype = torch.promote_types(dtype, weights.dtype)
     mask = check_mask(OP, mask, shape, dev)
     check_state(OP, "state", state, (reference.MOMENTS_SIZE,), dev)
