@@ -89,11 +89,7 @@ class BinaryStatistic(Statistic):
             threshold=self.threshold, ignore_index=self.ignore_index,
         )
         if self.count_nonfinite and preds.is_floating_point():
-            keep = mask
-            if self.ignore_index is not None:
-                ig = target != self.ignore_index
-                keep = ig if keep is None else keep & ig
-            state["nonfinite"].add_(nonfinite_rows(preds, keep, preds.dim()))
+            state["nonfinite"].add_(nonfinite_rows(preds, target, mask, self.ignore_index, preds.dim()))
 
     def view(self, state: dict[str, torch.Tensor], need: "BinaryStatistic") -> dict[str, torch.Tensor]:
         out = {"state": state["state"], "bad": state["bad"]}

@@ -22,8 +22,19 @@ from d9d_kernels.metrics.statistic import SUM, Slot, Statistic
 __all__ = ["ClassStatistic", "nonfinite_rows"]
 
 
-def nonfinite_rows(preds: torch.Tensor, keep: torch.Tensor | None, row_dims: int) -> torch.Tensor:
-    """Float64 ``[1]``: rows (the leading ``row_dims`` dims) with a NaN/Inf score that ``keep`` keeps."""
+def nonfinite_rows(
+    preds: torch.Tensor, target: torch.Tensor, mask: torch.Tensor | None, ignore_index: int | None, row_dims: int
+) -> torch.Tensor:
+    """Float64 ``[1]``: rows (the leading ``row_dims`` dims of ``preds``) with a
+    NaN/Inf score, among those kept by ``mask`` and ``ignore_index``.
+
+    Separates NaN input from out-of-range targets, which the kernels count in
+    one ``bad`` slot, so that ``nan_strategy`` applies to NaN only.
+    """
+    keep = None if mask is None else torch.broadcast_to(mask, target.shape)
+    if ignore_index is not None:
+        ig = target != ignore_index
+        keep = ig if keep is None else keep & ig
     bad = ~torch.isfinite(preds)
     if bad.dim() > row_dims:
         bad = bad.flatten(row_dims).any(-1)
@@ -124,11 +135,7 @@ class ClassStatistic(Statistic):
             nll=self.nll,
         )
         if self.count_nonfinite and preds.is_floating_point():
-            keep = None if mask is None else torch.broadcast_to(mask, target.shape)
-            if self.ignore_index is not None:
-                ig = target != self.ignore_index
-                keep = ig if keep is None else keep & ig
-            state["nonfinite"].add_(nonfinite_rows(preds, keep, target.dim()))
+            state["nonfinite"].add_(nonfinite_rows(preds, target, mask, self.ignore_index, target.dim()))
 
     def view(self, state: dict[str, torch.Tensor], need: "ClassStatistic") -> dict[str, torch.Tensor]:
         """``need``'s own layout: ``stats`` [len(need.top_ks), 3, C] etc."""

@@ -84,11 +84,7 @@ class HistogramStatistic(Statistic):
             multiclass=self.multiclass, ignore_index=self.ignore_index,
         )
         if self.count_nonfinite and preds.is_floating_point():
-            keep = mask
-            if self.ignore_index is not None:
-                ig = target != self.ignore_index
-                keep = ig if keep is None else keep & ig
-            state["nonfinite"].add_(nonfinite_rows(preds, keep, target.dim()))
+            state["nonfinite"].add_(nonfinite_rows(preds, target, mask, self.ignore_index, target.dim()))
 
     def view(self, state: dict[str, torch.Tensor], need: "HistogramStatistic") -> dict[str, torch.Tensor]:
         out = {"hist": state["hist"], "bad": state["bad"]}

@@ -54,11 +54,7 @@ class NLLStatistic(Statistic):
         ops.class_stats(preds, target, mask, num_classes=V, stats=scratch, extras=state["extras"], bad=state["bad"],
                         ignore_index=self.ignore_index, top_ks=(1,), nll=True)
         if self.count_nonfinite:
-            keep = None if mask is None else torch.broadcast_to(mask, target.shape)
-            if self.ignore_index is not None:
-                ig = target != self.ignore_index
-                keep = ig if keep is None else keep & ig
-            state["nonfinite"].add_(nonfinite_rows(preds, keep, target.dim()))
+            state["nonfinite"].add_(nonfinite_rows(preds, target, mask, self.ignore_index, target.dim()))
 
     def view(self, state, need):
         out = {"extras": state["extras"], "bad": state["bad"]}
