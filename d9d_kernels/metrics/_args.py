@@ -40,19 +40,31 @@ def check_threshold(metric: str, v) -> None:
     check(0.0 <= float(v) <= 1.0 and math.isfinite(float(v)), metric, "threshold", f"must lie in [0, 1], got {v}")
 
 
+def broadcasts_to(shape, target_shape) -> bool:
+    """Whether ``shape`` broadcasts to exactly ``target_shape`` (pure Python:
+    torch.broadcast_shapes goes through torch._refs, ~5 us a call)."""
+    ms, ts = tuple(shape), tuple(target_shape)
+    return len(ms) <= len(ts) and all(m in (1, t) for m, t in zip(ms[::-1], ts[::-1]))
+
+
 def check_tensor(metric: str, arg: str, t) -> None:
-    check(isinstance(t, torch.Tensor), metric, arg, f"must be a torch.Tensor, got {type(t).__name__}", TypeError)
-    check(not t.is_complex(), metric, arg, f"must be real, got {t.dtype}", TypeError)
+    # messages are built only on failure: eager f-strings cost ~1 us per check
+    # and an update runs ~10 checks per member (bench/profile_layers.py).
+    if not isinstance(t, torch.Tensor):
+        fail(metric, arg, f"must be a torch.Tensor, got {type(t).__name__}", TypeError)
+    if t.is_complex():
+        fail(metric, arg, f"must be real, got {t.dtype}", TypeError)
 
 
 def check_mask(metric: str, mask, shape) -> None:
     if mask is None:
         return
-    check(isinstance(mask, torch.Tensor), metric, "mask", f"must be a bool tensor or None, got {type(mask).__name__}", TypeError)
-    check(mask.dtype == torch.bool, metric, "mask", f"must be bool, got {mask.dtype}", TypeError)
-    ms, ts = tuple(mask.shape), tuple(shape)
-    ok = len(ms) <= len(ts) and all(m in (1, t) for m, t in zip(ms[::-1], ts[::-1]))
-    check(ok, metric, "mask", f"of shape {tuple(mask.shape)} does not broadcast to target's {tuple(shape)}")
+    if not isinstance(mask, torch.Tensor):
+        fail(metric, "mask", f"must be a bool tensor or None, got {type(mask).__name__}", TypeError)
+    if mask.dtype != torch.bool:
+        fail(metric, "mask", f"must be bool, got {mask.dtype}", TypeError)
+    if not broadcasts_to(mask.shape, shape):
+        fail(metric, "mask", f"of shape {tuple(mask.shape)} does not broadcast to target's {tuple(shape)}")
 
 
 def bad_count(state: dict, nan_strategy: str) -> torch.Tensor:

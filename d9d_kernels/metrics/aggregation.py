@@ -35,6 +35,7 @@ import numbers
 import torch
 
 from d9d_kernels.metric import Metric
+from d9d_kernels.metrics._args import broadcasts_to
 from d9d_kernels.metrics.moments import ExtremaStatistic, MomentsStatistic
 
 __all__ = ["SumMetric", "WeightedMeanMetric", "MaxMetric", "MinMetric"]
@@ -63,7 +64,7 @@ class _Aggregation(Metric):
         values = self._tensor("values", values, dev)
         if weights is not None:
             weights = self._tensor("weights", weights, dev)
-            if torch.broadcast_shapes(weights.shape, values.shape) != values.shape:
+            if not broadcasts_to(weights.shape, values.shape):
                 raise ValueError(
                     f"{self._label}.update: argument 'weights' of shape {tuple(weights.shape)} does not "
                     f"broadcast to values {tuple(values.shape)}"
@@ -73,11 +74,7 @@ class _Aggregation(Metric):
                 raise TypeError(f"{self._label}.update: argument 'mask' must be a bool tensor or None")
             if mask.device != dev:
                 raise ValueError(f"{self._label}.update: argument 'mask' must be on {dev}, got {mask.device}")
-            try:
-                ok = torch.broadcast_shapes(mask.shape, values.shape) == values.shape
-            except RuntimeError:
-                ok = False
-            if not ok:
+            if not broadcasts_to(mask.shape, values.shape):
                 raise ValueError(
                     f"{self._label}.update: argument 'mask' of shape {tuple(mask.shape)} does not "
                     f"broadcast to values {tuple(values.shape)}"
@@ -91,10 +88,7 @@ class _MomentsAggregation(_Aggregation):
 
     def update(self, values, weights=None, mask=None) -> None:
         """Adds ``values`` (weighted by ``weights``, where ``mask``)."""
-        try:
-            values, weights, mask = self._inputs(values, weights, mask)
-        except RuntimeError as e:  # broadcast_shapes
-            raise ValueError(f"{self._label}.update: argument 'weights' does not broadcast to values: {e}") from None
+        values, weights, mask = self._inputs(values, weights, mask)
         self._feed({"m": {"x": values, "weights": weights, "mask": mask}})
 
 

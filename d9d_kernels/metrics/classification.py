@@ -80,10 +80,13 @@ class _Classification(Metric):
         if task == "multiclass":
             A.check(num_classes is not None, name, "num_classes", "is required for task='multiclass'")
             A.check_int(name, "num_classes", num_classes, lo=2)
-            A.check(top_k <= num_classes, name, "top_k", f"must be <= num_classes={num_classes}, got {top_k}")
-            A.check(top_k == 1 or not self._needs_confmat, name, "top_k", f"must be 1 for {name}, got {top_k}")
+            if not (top_k <= num_classes):
+                A.fail(name, "top_k", f"must be <= num_classes={num_classes}, got {top_k}")
+            if not (top_k == 1 or not self._needs_confmat):
+                A.fail(name, "top_k", f"must be 1 for {name}, got {top_k}")
         else:
-            A.check(top_k == 1, name, "top_k", f"is only supported for task='multiclass', got top_k={top_k} for task={task!r}")
+            if not (top_k == 1):
+                A.fail(name, "top_k", f"is only supported for task='multiclass', got top_k={top_k} for task={task!r}")
         if task == "multilabel":
             A.check(num_labels is not None, name, "num_labels", "is required for task='multilabel'")
             A.check_int(name, "num_labels", num_labels)
@@ -115,22 +118,27 @@ class _Classification(Metric):
         name = type(self).__name__
         A.check_tensor(name, "preds", preds)
         A.check_tensor(name, "target", target)
-        A.check(preds.device == target.device, name, "target", f"must be on preds' device {preds.device}, got {target.device}")
+        if not (preds.device == target.device):
+            A.fail(name, "target", f"must be on preds' device {preds.device}, got {target.device}")
         ps, ts = tuple(preds.shape), tuple(target.shape)
         if self.task == "multiclass":
             C = self.num_classes
             if preds.is_floating_point() and preds.dim() == target.dim() + 1:
-                A.check(ps[:-1] == ts, name, "preds", f"scores must have shape target.shape + (num_classes,) = {ts + (C,)}, got {ps}")
-                A.check(ps[-1] == C, name, "preds", f"has {ps[-1]} classes in its last dim but num_classes={C}")
+                if not (ps[:-1] == ts):
+                    A.fail(name, "preds", f"scores must have shape target.shape + (num_classes,) = {ts + (C,)}, got {ps}")
+                if not (ps[-1] == C):
+                    A.fail(name, "preds", f"has {ps[-1]} classes in its last dim but num_classes={C}")
             else:
-                A.check(ps == ts, name, "preds",
-                        f"must be class indices of target's shape {ts} or scores of shape {ts + (C,)}, got {ps}")
-                A.check(self.top_k == 1, name, "preds", f"must be scores [..., num_classes] for top_k={self.top_k}, got class indices")
+                if ps != ts:
+                    A.fail(name, "preds", f"must be class indices of target's shape {ts} or scores of shape {ts + (C,)}, got {ps}")
+                if not (self.top_k == 1):
+                    A.fail(name, "preds", f"must be scores [..., num_classes] for top_k={self.top_k}, got class indices")
         else:
-            A.check(ps == ts, name, "preds", f"must have target's shape {ts}, got {ps}")
+            if not (ps == ts):
+                A.fail(name, "preds", f"must have target's shape {ts}, got {ps}")
             if self.task == "multilabel":
-                A.check(len(ps) >= 2 and ps[-1] == self.num_labels, name, "preds",
-                        f"must have shape [..., num_labels={self.num_labels}], got {ps}")
+                if not (len(ps) >= 2 and ps[-1] == self.num_labels):
+                    A.fail(name, "preds", f"must have shape [..., num_labels={self.num_labels}], got {ps}")
         A.check_mask(name, mask, ts)
 
     def update(self, preds: torch.Tensor, target: torch.Tensor, mask: torch.Tensor | None = None) -> None:

@@ -80,15 +80,20 @@ class _Ranking(Metric):
         name = type(self).__name__
         A.check_tensor(name, "preds", preds)
         A.check_tensor(name, "target", target)
-        A.check(preds.device == target.device, name, "target", f"must be on preds' device {preds.device}, got {target.device}")
+        if not (preds.device == target.device):
+            A.fail(name, "target", f"must be on preds' device {preds.device}, got {target.device}")
         ps, ts = tuple(preds.shape), tuple(target.shape)
         if self.task == "multiclass":
             C = self.num_classes
-            A.check(preds.is_floating_point(), name, "preds", f"must be floating scores for task='multiclass', got {preds.dtype}", TypeError)
-            A.check(len(ps) == len(ts) + 1 and ps[:-1] == ts, name, "preds", f"must have shape target.shape + (num_classes,) = {ts + (C,)}, got {ps}")
-            A.check(ps[-1] == C, name, "preds", f"has {ps[-1]} classes in its last dim but num_classes={C}")
+            if not (preds.is_floating_point()):
+                A.fail(name, "preds", f"must be floating scores for task='multiclass', got {preds.dtype}", TypeError)
+            if not (len(ps) == len(ts) + 1 and ps[:-1] == ts):
+                A.fail(name, "preds", f"must have shape target.shape + (num_classes,) = {ts + (C,)}, got {ps}")
+            if not (ps[-1] == C):
+                A.fail(name, "preds", f"has {ps[-1]} classes in its last dim but num_classes={C}")
         else:
-            A.check(ps == ts, name, "preds", f"must have target's shape {ts}, got {ps}")
+            if not (ps == ts):
+                A.fail(name, "preds", f"must have target's shape {ts}, got {ps}")
             if self.task == "multilabel":
                 A.check(len(ps) >= 2 and ps[-1] == self.num_labels, name, "preds",
                         f"must have shape [..., num_labels={self.num_labels}], got {ps}")

@@ -47,8 +47,10 @@ class _Regression(Metric):
         A.check_tensor(name, "preds", preds)
         A.check_tensor(name, "target", target)
         ps = tuple(preds.shape)
-        A.check(tuple(target.shape) == ps, name, "target", f"must have preds' shape {ps}, got {tuple(target.shape)}")
-        A.check(target.device == preds.device, name, "target", f"must be on preds' device {preds.device}, got {target.device}")
+        if not (tuple(target.shape) == ps):
+            A.fail(name, "target", f"must have preds' shape {ps}, got {tuple(target.shape)}")
+        if not (target.device == preds.device):
+            A.fail(name, "target", f"must be on preds' device {preds.device}, got {target.device}")
         if weights is not None:
             A.check_tensor(name, "weights", weights)
             ws = tuple(weights.shape)
