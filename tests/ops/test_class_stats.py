@@ -238,3 +238,17 @@ def test_cuda_matches_reference(dtype, n, C, top_ks):
         for g, w, what in zip(got[:2] + [got[2][:1], got[3]], want[:2] + [want[2][:1], want[3]], ["stats", "confmat", "rows", "bad"]):
             assert_counts_equal(g, w, what)
         assert_sums_close(got[2][1:], want[2][1:], "nll")
+
+
+def test_scores_several_chunks_with_confmat(backend):
+    """Enough rows for several CPU chunks: the confusion matrix goes through the
+    per-row cells (not privatised), the counts through private slices."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(max(2, threads))
+    try:
+        n, C = 40_000, 10
+        preds = sprinkle(torch.randn(n, C))
+        target = torch.randint(-1, C + 1, (n,))
+        run_and_compare(backend, preds, target, torch.rand(n) > 0.1, C=C, top_ks=(1, 3), ignore_index=0)
+    finally:
+        torch.set_num_threads(threads)
