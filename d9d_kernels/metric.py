@@ -36,7 +36,8 @@ Writing a metric on top of statistics (how the catalogue is built)::
 
 Custom metrics with raw slots (no statistic): see ``Metric.add_state``.
 
-Sync protocol: ``trigger_sync`` clones the local buffers (snapshot) and
+Sync protocol: ``trigger_sync`` copies the local buffers into a snapshot
+buffer (two, used in turn, allocated once) and
 launches one async ``all_reduce`` per non-empty kind (SUM with "sum", MAX with
 "max"; REPLICA is never reduced); local state keeps accumulating (cumulative:
 a sync is the sum over ranks of each rank's state since ``reset``, so nothing
@@ -155,6 +156,13 @@ class _Storage:
         self.init = {k: torch.tensor(v, dtype=torch.float64, device=self.device) for k, v in self.layout.inits.items()}
         self.local = {k: v.clone() for k, v in self.init.items()}
         self.local_views = [self.layout.views(self.local, j) for j in range(len(self.layout.stats))]
+        # Two snapshot buffers, used in turn, with their views built once: a
+        # sync fills one while compute() may still read the other. Building
+        # per-statistic views at every wait_sync was O(K) Python (bench_sync:
+        # trigger+wait 4.4x slower at K=64 than at K=1).
+        self.snaps = [{k: torch.empty_like(v) for k, v in self.local.items()} for _ in range(2)]
+        self.snap_views = [[self.layout.views(b, j) for j in range(len(self.layout.stats))] for b in self.snaps]
+        self.next_snap = 0
 
     # -- state ---------------------------------------------------------------
     def current_views(self) -> list[dict[str, torch.Tensor]]:
@@ -209,13 +217,17 @@ class _Storage:
         ctx = _resolve_ctx(ctx)
         if ctx is not None:
             self._handshake(ctx)
-        snapshot = {k: v.clone() for k, v in self.local.items()}
+        i = self.next_snap
+        self.next_snap = 1 - i
+        snapshot = self.snaps[i]
+        for k, v in self.local.items():
+            snapshot[k].copy_(v)
         handles = []
         if ctx is not None:
             for kind, op in ((SUM, "sum"), (MAX, "max")):
                 if snapshot[kind].numel():
                     handles.append(ctx.all_reduce(snapshot[kind], op))
-        self.pending = _Pending(handles, snapshot)
+        self.pending = _Pending(handles, i)
 
     def wait(self) -> None:
         p = self.pending
@@ -226,8 +238,8 @@ class _Storage:
             h.wait()
         if p.discard:  # reset() between trigger and wait: the result is stale
             return
-        self.synced = p.snapshot
-        self.synced_views = [self.layout.views(p.snapshot, j) for j in range(len(self.layout.stats))]
+        self.synced = self.snaps[p.snapshot]
+        self.synced_views = self.snap_views[p.snapshot]
         self.dirty = False
 
     def _handshake(self, ctx) -> None:
