@@ -56,6 +56,14 @@ def check_tensor(metric: str, arg: str, t) -> None:
         fail(metric, arg, f"must be real, got {t.dtype}", TypeError)
 
 
+def check_preds_target(metric: str, preds, target) -> None:
+    """``preds`` and ``target`` are real tensors on the same device."""
+    check_tensor(metric, "preds", preds)
+    check_tensor(metric, "target", target)
+    if preds.device != target.device:
+        fail(metric, "target", f"must be on preds' device {preds.device}, got {target.device}")
+
+
 def check_mask(metric: str, mask, shape) -> None:
     if mask is None:
         return

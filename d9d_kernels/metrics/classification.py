@@ -116,10 +116,7 @@ class _Classification(Metric):
 
     def _check_inputs(self, preds, target, mask) -> None:
         name = type(self).__name__
-        A.check_tensor(name, "preds", preds)
-        A.check_tensor(name, "target", target)
-        if not (preds.device == target.device):
-            A.fail(name, "target", f"must be on preds' device {preds.device}, got {target.device}")
+        A.check_preds_target(name, preds, target)
         ps, ts = tuple(preds.shape), tuple(target.shape)
         if self.task == "multiclass":
             C = self.num_classes

@@ -78,10 +78,7 @@ class _Ranking(Metric):
         """Adds a batch: binary ``[...]`` scores, multilabel ``[..., L]``,
         multiclass ``[..., C]`` scores with ``[...]`` class-index targets."""
         name = type(self).__name__
-        A.check_tensor(name, "preds", preds)
-        A.check_tensor(name, "target", target)
-        if not (preds.device == target.device):
-            A.fail(name, "target", f"must be on preds' device {preds.device}, got {target.device}")
+        A.check_preds_target(name, preds, target)
         ps, ts = tuple(preds.shape), tuple(target.shape)
         if self.task == "multiclass":
             C = self.num_classes
