@@ -58,6 +58,7 @@ from typing import Any, Callable
 
 import torch
 
+from d9d_kernels.plan import planned
 from d9d_kernels.metrics.statistic import KINDS, MAX, REPLICA, SUM, Slot, Statistic
 
 __all__ = ["Metric", "NAN_STRATEGIES", "HostValues"]
@@ -163,6 +164,8 @@ class _Storage:
         self.snaps = [{k: torch.empty_like(v) for k, v in self.local.items()} for _ in range(2)]
         self.snap_views = [[self.layout.views(b, j) for j in range(len(self.layout.stats))] for b in self.snaps]
         self.next_snap = 0
+        self.plans: dict = {}  # d9d_kernels.plan: input signature -> Plan (buffers changed: start afresh)
+        self.recording: list | None = None
 
     # -- state ---------------------------------------------------------------
     def current_views(self) -> list[dict[str, torch.Tensor]]:
@@ -177,6 +180,8 @@ class _Storage:
                 continue
             done.add(j)
             self.layout.stats[j].update(self.local_views[j], **kwargs)
+            if self.recording is not None:
+                self.recording.append((j, kwargs))
         self.dirty = True
 
     def reset(self) -> None:
@@ -443,6 +448,13 @@ class Metric(metaclass=_MetricMeta):
         >>> round(m.compute().item(), 6)
         3.535534
     """
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        # every update gets the per-signature plan cache (d9d_kernels/plan.py)
+        fn = cls.__dict__.get("update")
+        if fn is not None and not getattr(fn, "_d9d_planned", False):
+            cls.update = planned(fn)
 
     def __init__(self, nan_strategy: str = "propagate"):
         if nan_strategy not in NAN_STRATEGIES:

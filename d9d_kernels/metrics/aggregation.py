@@ -45,39 +45,41 @@ class _Aggregation(Metric):
     def __init__(self, nan_strategy: str = "propagate"):
         super().__init__(nan_strategy=nan_strategy)
 
-    def _tensor(self, arg: str, v, device: torch.device) -> torch.Tensor:
+    def _check_value(self, arg: str, v, device: torch.device) -> tuple:
+        """Checks a tensor or real number input; returns its shape (numbers: ())."""
         if isinstance(v, torch.Tensor):
             if v.device != device:
                 raise ValueError(f"{self._label}.update: argument '{arg}' must be on {device}, got {v.device}")
             if v.is_complex():
                 raise TypeError(f"{self._label}.update: argument '{arg}' must be real, got {v.dtype}")
-            return v
+            return v.shape
         if isinstance(v, bool) or not isinstance(v, numbers.Real):
             raise TypeError(
                 f"{self._label}.update: argument '{arg}' must be a tensor or a real number, got {type(v).__name__}"
             )
-        # a fill kernel on the device: no host->device copy, no sync
-        return torch.full((), float(v), dtype=torch.float64, device=device)
+        return ()
 
     def _inputs(self, values, weights, mask):
+        """Checks the inputs; numbers pass through (the statistic fills them
+        on the device), so that an update plan can feed them as they come."""
         dev = self._storage.device
-        values = self._tensor("values", values, dev)
+        shape = self._check_value("values", values, dev)
         if weights is not None:
-            weights = self._tensor("weights", weights, dev)
-            if not broadcasts_to(weights.shape, values.shape):
+            w_shape = self._check_value("weights", weights, dev)
+            if not broadcasts_to(w_shape, shape):
                 raise ValueError(
-                    f"{self._label}.update: argument 'weights' of shape {tuple(weights.shape)} does not "
-                    f"broadcast to values {tuple(values.shape)}"
+                    f"{self._label}.update: argument 'weights' of shape {tuple(w_shape)} does not "
+                    f"broadcast to values {tuple(shape)}"
                 )
         if mask is not None:
             if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
                 raise TypeError(f"{self._label}.update: argument 'mask' must be a bool tensor or None")
             if mask.device != dev:
                 raise ValueError(f"{self._label}.update: argument 'mask' must be on {dev}, got {mask.device}")
-            if not broadcasts_to(mask.shape, values.shape):
+            if not broadcasts_to(mask.shape, shape):
                 raise ValueError(
                     f"{self._label}.update: argument 'mask' of shape {tuple(mask.shape)} does not "
-                    f"broadcast to values {tuple(values.shape)}"
+                    f"broadcast to values {tuple(shape)}"
                 )
         return values, weights, mask
 

@@ -21,6 +21,7 @@ from typing import Hashable
 import torch
 
 from d9d_kernels import ops
+from d9d_kernels.ops._dispatch import FLOATS, pick
 from d9d_kernels.metrics.statistic import MAX, REPLICA, SUM, Slot, Statistic
 from d9d_kernels.reference import MOMENTS_SIZE
 
@@ -51,6 +52,14 @@ def recenter_moments(moments: torch.Tensor, old: torch.Tensor, new: torch.Tensor
             moments[8],
         ]
     )
+
+
+def as_tensor(v, device: torch.device) -> torch.Tensor:
+    """A tensor as is; a Python number as a float64 0-d tensor made by a fill
+    kernel on ``device`` (no host->device copy, no sync)."""
+    if isinstance(v, torch.Tensor):
+        return v
+    return torch.full((), float(v), dtype=torch.float64, device=device)
 
 
 def first_set(values: list[torch.Tensor]) -> torch.Tensor:
@@ -99,9 +108,55 @@ class MomentsStatistic(Statistic):
         return f"MomentsStatistic(paired={self.paired},skip_bad={self.skip_bad},shared={self.shared})"
 
     def update(self, state, x, y=None, weights=None, mask=None) -> None:
+        """``x``, ``y``, ``weights``: tensors or Python numbers."""
+        dev = state["moments"].device
+        x, y = as_tensor(x, dev), (None if y is None else as_tensor(y, dev))
+        weights = None if weights is None else as_tensor(weights, dev)
         ops.weighted_moments(
             x, y, weights, mask, state=state["moments"], bad=state["bad"], pivot=state["pivot"], skip_bad=self.skip_bad
         )
+
+    def bind(self, sample: dict):
+        """The raw ``weighted_moments`` op when ``x`` is a floating tensor and
+        ``y``, ``weights``, ``mask`` are None or of ``x``'s shape (``y``,
+        ``weights`` of its dtype); ``weights`` may also be a Python number
+        (filled to ``x``'s size in float64, the dtype the checked path
+        promotes to). WeightedMeanMetric.update(loss, weights=n): 16 -> ~5 us."""
+        x, y, w, mask = (sample.get(k) for k in ("x", "y", "weights", "mask"))
+        if not isinstance(x, torch.Tensor) or x.dtype not in FLOATS:
+            return super().bind(sample)
+        same = lambda t: t is None or (  # noqa: E731
+            isinstance(t, torch.Tensor) and t.shape == x.shape and t.dtype == x.dtype
+        )
+        w_number = w is not None and not isinstance(w, torch.Tensor)
+        direct = (
+            same(y)
+            and (w_number or same(w))
+            and (mask is None or (mask.dtype == torch.bool and mask.shape == x.shape))
+            and pick("weighted_moments", x.device, None) in ("cpp", "cuda")
+        )
+        if not direct:
+            return super().bind(sample)
+        op = torch.ops.d9d_kernels.weighted_moments.default
+        skip_bad = self.skip_bad
+        filled = [None, None]  # (number, its fill): the op only reads weights, so a repeated n reuses it
+
+        def run(state, inputs):
+            x = inputs["x"].reshape(-1)
+            y, w, mask = inputs.get("y"), inputs.get("weights"), inputs.get("mask")
+            if y is not None:
+                y = y.reshape(-1)
+            if w_number:
+                if filled[0] != w:
+                    filled[:] = w, torch.full(x.shape, float(w), dtype=torch.float64, device=x.device)
+                w = filled[1]
+            elif w is not None:
+                w = w.reshape(-1)
+            if mask is not None:
+                mask = mask.reshape(-1)
+            op(x, y, w, mask, skip_bad, state["moments"], state["bad"], state["pivot"])
+
+        return run
 
     def choose_replica(self, replicas):
         return {"pivot": first_set([r["pivot"] for r in replicas])}
@@ -142,4 +197,6 @@ class ExtremaStatistic(Statistic):
         return f"ExtremaStatistic(skip_bad={self.skip_bad},shared={self.shared})"
 
     def update(self, state, x, mask=None) -> None:
+        """``x``: a tensor or a Python number."""
+        x = as_tensor(x, state["extrema"].device)
         ops.running_extrema(x, mask, state=state["extrema"], bad=state["bad"], skip_bad=self.skip_bad)

@@ -20,7 +20,7 @@ Contract for implementations (see the docstrings below):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Hashable
+from typing import Callable, Hashable
 
 import torch
 
@@ -68,6 +68,14 @@ class Statistic:
     def update(self, state: dict[str, torch.Tensor], **inputs) -> None:
         """Adds one batch into ``state`` (views into the packed buffers)."""
         raise NotImplementedError
+
+    def bind(self, sample: dict) -> Callable[[dict[str, torch.Tensor], dict], None]:
+        """``fn(state, inputs)`` equivalent to ``update(state, **inputs)`` for
+        every ``inputs`` whose metadata (shapes, dtypes, devices, Python
+        types) equals ``sample``'s, which already passed ``update`` once.
+        Override to skip the op wrapper's checks (d9d_kernels/plan.py)."""
+        update = self.update
+        return lambda state, inputs: update(state, **inputs)
 
     def view(self, state: dict[str, torch.Tensor], need: "Statistic") -> dict[str, torch.Tensor]:
         """The part of ``state`` that ``need`` (merged into self) asked for."""

@@ -1,0 +1,146 @@
+"""Update plans (d9d_kernels/plan.py): after the first checked call of an input
+signature, updates skip the Python checks and call the kernels directly.
+They must give bit-identical results to the checked path, still reject bad
+input (a new signature runs checked), and actually be taken."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from sklearn.metrics import accuracy_score, f1_score
+
+import d9d_kernels as dk
+from d9d_kernels import plan
+from tests.metrics._catalogue_utils import _one_thread  # noqa: F401
+
+C = 7
+
+
+def _group():
+    kw = dict(task="multiclass", num_classes=C)
+    return dk.MetricGroup(
+        {
+            "loss": dk.WeightedMeanMetric(),
+            "acc": dk.Accuracy(**kw, average="micro"),
+            "top3": dk.Accuracy(**kw, average="micro", top_k=3),
+            "f1": dk.F1Score(**kw, average="macro"),
+            "cm": dk.ConfusionMatrix(**kw),
+            "peak": dk.MaxMetric(),
+        }
+    )
+
+
+def _steps(seed: int):
+    g = torch.Generator().manual_seed(seed)
+    for step in range(12):
+        n = (8, 8, 16)[step % 3]  # signatures repeat: plans are built and then hit
+        logits = torch.randn(n, C, generator=g)
+        logits[0, 1] = logits[0, 2]  # a tie: lowest index wins on both paths
+        target = torch.randint(0, C, (n,), generator=g)
+        mask = (torch.rand(n, generator=g) > 0.2) if step % 2 else None
+        loss = torch.rand((), generator=g)
+        weight = (n, float(n) / 2, torch.tensor(float(n)))[step % 3]  # int, float, tensor weights
+        yield logits, target, mask, loss, weight
+
+
+def _feed(grp, seed):
+    for logits, target, mask, loss, weight in _steps(seed):
+        grp["loss"].update(values=loss, weights=weight)
+        grp["peak"].update(loss)
+        if mask is None:
+            grp.update(preds=logits, target=target)
+        else:
+            grp.update(preds=logits, target=target, mask=mask)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_planned_updates_equal_checked_updates_and_sklearn(monkeypatch, seed):
+    planned = _group()
+    _feed(planned, seed)
+    assert planned._storage.plans, "plans were built"
+    monkeypatch.setattr(plan, "MAX_PLANS", 0)  # no plan: every update runs the checked path
+    checked = _group()
+    _feed(checked, seed)
+    assert not checked._storage.plans
+    got, ref = planned.compute(), checked.compute()
+    for name in ref:
+        assert torch.equal(got[name], ref[name]), name
+
+    # and against independent references on the kept rows
+    p, t, losses, weights = [], [], [], []
+    for logits, target, mask, loss, weight in _steps(seed):
+        keep = torch.ones_like(target, dtype=torch.bool) if mask is None else mask
+        p.append(logits.argmax(1)[keep])
+        t.append(target[keep])
+        losses.append(float(loss))
+        weights.append(float(weight))
+    p, t = torch.cat(p).numpy(), torch.cat(t).numpy()
+    assert got["acc"].item() == pytest.approx(accuracy_score(t, p), abs=1e-12)
+    assert got["f1"].item() == pytest.approx(f1_score(t, p, average="macro", labels=range(C), zero_division=0), abs=1e-12)
+    assert got["loss"].item() == pytest.approx(np.average(losses, weights=weights), rel=1e-12)
+    assert got["peak"].item() == max(losses)
+
+
+def test_plans_skip_the_checked_wrappers(monkeypatch):
+    calls = []
+    for name in ("class_stats", "weighted_moments"):
+        real = getattr(dk.ops, name)
+        monkeypatch.setattr(dk.ops, name, lambda *a, _real=real, _n=name, **k: (calls.append(_n), _real(*a, **k)))
+    g = _group()
+    logits, target = torch.randn(16, C), torch.randint(0, C, (16,))
+    for _ in range(3):
+        g.update(preds=logits, target=target)
+        g["loss"].update(values=torch.tensor(2.0), weights=16)
+    assert calls == ["class_stats", "weighted_moments"], "only the first call of each signature is checked"
+
+
+def test_bad_input_after_a_plan_raises_and_leaves_state(monkeypatch):
+    g = _group()
+    logits, target = torch.randn(16, C), torch.randint(0, C, (16,))
+    g.update(preds=logits, target=target)
+    g.update(preds=logits, target=target)  # planned
+    before = {k: v.clone() for k, v in g._storage.local.items()}
+    with pytest.raises(ValueError, match=r"Accuracy.*preds|preds.*num_classes"):
+        g.update(preds=torch.randn(16, C + 1), target=target)
+    with pytest.raises(ValueError, match=r"preds"):
+        g.update(preds=torch.randn(15, C), target=target)
+    with pytest.raises(TypeError, match=r"WeightedMeanMetric.*weights"):
+        g["loss"].update(values=torch.tensor(1.0), weights="16")
+    for k, v in g._storage.local.items():
+        assert torch.allclose(v, before[k], rtol=0, atol=0, equal_nan=True), k  # unset pivots are NaN
+
+
+def test_moving_or_grouping_drops_plans():
+    m = dk.WeightedMeanMetric()
+    m.update(torch.ones(4))
+    m.update(torch.ones(4))
+    assert m._storage.plans
+    m.to("cpu")
+    assert not m._storage.plans
+    m.update(torch.full((4,), 3.0))
+    assert m.compute().item() == pytest.approx((8 * 1.0 + 4 * 3.0) / 12)
+    fresh = dk.WeightedMeanMetric()
+    fresh.update(torch.ones(4))
+    g = dk.MetricGroup({"m": fresh})  # a new storage: the metric's plans went with the old one
+    assert not g._storage.plans
+    g["m"].update(torch.full((4,), 5.0))
+    assert g.compute()["m"].item() == 5.0  # members start fresh in a group
+
+
+def test_inputs_the_metric_transforms_are_not_planned():
+    class Doubled(dk.Metric):
+        def __init__(self):
+            super().__init__()
+            self.add_state("total", kind="sum", shape=())
+
+        def _update(self, values):
+            self.total += 2 * values.sum()
+
+        def _compute(self, state):
+            return state["total"]
+
+    m = Doubled()
+    for v in (1.0, 2.0, 3.0):
+        m.update(torch.tensor([v]))
+    assert m.compute().item() == 12.0
