@@ -5,8 +5,8 @@ statistics, merges those with equal ``merge_key`` (one state slice and one
 kernel call per ``g.update``), allocates ONE float64 buffer per kind (SUM, MAX,
 REPLICA) and re-points every member at it: ``g["acc"].update(...)`` writes
 into the group's buffers. Members' previous state is discarded (build groups
-from fresh metrics). A sync is one async all_reduce per non-empty kind: 1 for
-a sum-only group, 2 with a max/min metric.
+from fresh metrics). A sync is one async all_reduce: max/min states ride in
+the sum (one row per rank) unless large (then a second, "max", collective).
 
 Example:
     >>> import torch, d9d_kernels as dk

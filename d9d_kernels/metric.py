@@ -38,8 +38,10 @@ Custom metrics with raw slots (no statistic): see ``Metric.add_state``.
 
 Sync protocol: ``trigger_sync`` copies the local buffers into a snapshot
 buffer (two, used in turn, allocated once) and
-launches one async ``all_reduce`` per non-empty kind (SUM with "sum", MAX with
-"max"; REPLICA is never reduced); local state keeps accumulating (cumulative:
+launches ONE async ``all_reduce`` ("sum") of the SUM buffer; a small MAX
+buffer (x world size <= ``FOLD_MAX_ELEMS``) rides in it, one row per rank,
+and is maxed locally after the wait; a larger one gets its own "max"
+all_reduce (at most one collective per kind; REPLICA is never reduced); local state keeps accumulating (cumulative:
 a sync is the sum over ranks of each rank's state since ``reset``, so nothing
 is counted twice). ``wait_sync`` waits; ``compute`` then uses the synced
 snapshot until the next update (a host-side flag, no device sync). The first
@@ -64,6 +66,10 @@ from d9d_kernels.metrics.statistic import KINDS, MAX, REPLICA, SUM, Slot, Statis
 __all__ = ["Metric", "NAN_STRATEGIES", "HostValues"]
 
 NAN_STRATEGIES = ("propagate", "ignore", "error")
+#: MAX state x world size (elements) up to which a sync folds the MAX buffer
+#: into the one "sum" all_reduce (one row per rank) instead of a second
+#: collective: 8192 doubles = 64 KiB extra.
+FOLD_MAX_ELEMS = 8192
 _CUSTOM = "_custom"
 
 
@@ -131,11 +137,12 @@ class _Layout:
 
 
 class _Pending:
-    __slots__ = ("handles", "snapshot", "discard")
+    __slots__ = ("handles", "snapshot", "folded", "discard")
 
-    def __init__(self, handles, snapshot):
+    def __init__(self, handles, snapshot, folded=None):
         self.handles = handles
         self.snapshot = snapshot
+        self.folded = folded  # the [SUM | world x MAX] buffer when MAX rode in the sum
         self.discard = False
 
 
@@ -164,6 +171,7 @@ class _Storage:
         self.snaps = [{k: torch.empty_like(v) for k, v in self.local.items()} for _ in range(2)]
         self.snap_views = [[self.layout.views(b, j) for j in range(len(self.layout.stats))] for b in self.snaps]
         self.next_snap = 0
+        self.fold_bufs: dict[tuple[int, int], torch.Tensor] = {}  # (snapshot, world) -> [SUM | world x MAX]
         self.plans: dict = {}  # d9d_kernels.plan: input signature -> Plan (buffers changed: start afresh)
         self.recording: list | None = None
 
@@ -227,12 +235,37 @@ class _Storage:
         snapshot = self.snaps[i]
         for k, v in self.local.items():
             snapshot[k].copy_(v)
-        handles = []
+        handles, folded = [], None
         if ctx is not None:
-            for kind, op in ((SUM, "sum"), (MAX, "max")):
-                if snapshot[kind].numel():
-                    handles.append(ctx.all_reduce(snapshot[kind], op))
-        self.pending = _Pending(handles, i)
+            n_max = self.layout.sizes[MAX]
+            world = ctx.world_size if n_max else 1
+            if n_max and n_max * world <= FOLD_MAX_ELEMS:
+                folded = self._folded(i, world, ctx.rank)
+                handles.append(ctx.all_reduce(folded, "sum"))
+            else:
+                for kind, op in ((SUM, "sum"), (MAX, "max")):
+                    if snapshot[kind].numel():
+                        handles.append(ctx.all_reduce(snapshot[kind], op))
+        self.pending = _Pending(handles, i, folded)
+
+    def _folded(self, i: int, world: int, rank: int) -> torch.Tensor:
+        """``[SUM | world x MAX]`` for one "sum" all_reduce: this rank's MAX
+        values in its own row, zeros in the others (x + 0 is exact, NaN and
+        +-inf included), so the reduced rows are every rank's MAX values.
+        A second gloo collective costs ~0.2 ms at world 2 and ~4 ms at world 4
+        here (bench/analysis.md), far more than these extra bytes."""
+        key = (i, world)
+        buf = self.fold_bufs.get(key)
+        if buf is None:
+            buf = self.fold_bufs[key] = torch.zeros(
+                self.layout.sizes[SUM] + world * self.layout.sizes[MAX], dtype=torch.float64, device=self.device
+            )
+        n_sum, n_max = self.layout.sizes[SUM], self.layout.sizes[MAX]
+        buf[:n_sum].copy_(self.local[SUM])
+        rows = buf[n_sum:].view(world, n_max)
+        rows.zero_()
+        rows[rank].copy_(self.local[MAX])
+        return buf
 
     def wait(self) -> None:
         p = self.pending
@@ -243,7 +276,12 @@ class _Storage:
             h.wait()
         if p.discard:  # reset() between trigger and wait: the result is stale
             return
-        self.synced = self.snaps[p.snapshot]
+        snapshot = self.snaps[p.snapshot]
+        if p.folded is not None:
+            n_sum, n_max = self.layout.sizes[SUM], self.layout.sizes[MAX]
+            snapshot[SUM].copy_(p.folded[:n_sum])
+            torch.amax(p.folded[n_sum:].view(-1, n_max), dim=0, out=snapshot[MAX])
+        self.synced = snapshot
         self.synced_views = self.snap_views[p.snapshot]
         self.dirty = False
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import d9d_kernels as dk
+from d9d_kernels import metric as metric_mod
 from tests.dist_utils import run_distributed, run_distributed_expect_errors
 
 N_TOTAL = 103  # uneven shards
@@ -99,15 +100,17 @@ def test_aggregation_equals_single_process(world):
         for k, v in exp.items():
             assert first[k] == pytest.approx(v, rel=1e-13), (r, k)
             assert single[k].compute().item() == pytest.approx(v, rel=1e-13)
-        assert n_first == 2, "SUM + MAX buffers: exactly 2 collectives per sync"
-        assert n_all == 6
+        assert n_first == 1, "SUM + small MAX buffer: one collective per sync (MAX folded into the sum)"
+        assert n_all == 3
         assert stale == pytest.approx(exp_sum, rel=1e-13)
         assert final == pytest.approx(exp_sum + world * (world + 1) / 2, rel=1e-13)
 
 
 def _count_worker(rank, world):
     out = {}
-    for with_max in (False, True):
+    for with_max in (False, True, "unfolded"):
+        if with_max == "unfolded":  # a MAX buffer too large to fold: its own "max" all_reduce
+            metric_mod.FOLD_MAX_ELEMS = 0
         metrics = {f"s{i}": dk.SumMetric() for i in range(10)}
         metrics.update({f"m{i}": dk.WeightedMeanMetric() for i in range(10)})
         if with_max:
@@ -126,6 +129,7 @@ def _count_worker(rank, world):
             g.wait_sync()
             counts.append(len(calls) - before)
         out[with_max] = (counts, {k: v.item() for k, v in g.compute().items()})
+    metric_mod.FOLD_MAX_ELEMS = 8192
     # a standalone metric is a group of one
     for name, m in (("alone_mean", dk.WeightedMeanMetric()), ("alone_max", dk.MaxMetric())):
         m.update(torch.tensor([float(rank), 10.0 * rank]))
@@ -147,9 +151,9 @@ def test_collective_count_per_sync(count_run):
     world = 2
     out = count_run
     for per_rank in out:
-        for with_max in (False, True):
+        for with_max in (False, True, "unfolded"):
             counts, vals = per_rank[with_max]
-            assert counts == ([2, 2] if with_max else [1, 1]), (with_max, counts)
+            assert counts == ([2, 2] if with_max == "unfolded" else [1, 1]), (with_max, counts)
             for i in range(10):
                 assert vals[f"s{i}"] == i * sum(r + 2 for r in range(world))
                 num = sum((i + r) * (r + 1) for r in range(world))
@@ -157,7 +161,7 @@ def test_collective_count_per_sync(count_run):
             if with_max:
                 assert vals["peak"] == world - 1
         assert per_rank["alone_mean"] == (1, pytest.approx(sum(11.0 * r for r in range(world)) / (2 * world)))
-        assert per_rank["alone_max"] == (2, 10.0 * (world - 1))
+        assert per_rank["alone_max"] == (1, 10.0 * (world - 1))
 
 
 def _mismatch_worker(rank, world):
