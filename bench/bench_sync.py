@@ -29,13 +29,8 @@ a barrier; providers take turns within each repeat. Times are rank 0's.
 from __future__ import annotations
 
 import argparse
-import datetime
-import os
-import queue as _queue
-import socket
 import sys
 import time
-import traceback
 from pathlib import Path
 
 import torch
@@ -112,62 +107,21 @@ def _rank_main(rank: int, world: int, a, warmup: int, repeats: int):
     return out
 
 
-def _worker(rank, world, port, a, warmup, repeats, q):
-    import torch.distributed as dist
-
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    try:
-        dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=120))
-        res = _rank_main(rank, world, a, warmup, repeats)
-        q.put((rank, "ok", res if rank == 0 else None))
-    except BaseException as e:
-        q.put((rank, "error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
-    finally:
-        if dist.is_initialized():
-            try:
-                dist.destroy_process_group()
-            except Exception:
-                pass
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _rank_result(rank: int, world: int, a, warmup: int, repeats: int):
+    res = _rank_main(rank, world, a, warmup, repeats)
+    return res if rank == 0 else None
 
 
 def run_world(world: int, a, warmup: int, repeats: int):
     """Spawns ``world`` gloo ranks; returns rank 0's results. Never hangs."""
-    import torch.multiprocessing as mp
+    from d9d_kernels.spawn import spawn_gloo
 
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=_worker, args=(r, world, port, a, warmup, repeats, q), daemon=True) for r in range(world)]
-    for p in procs:
-        p.start()
-    got, errors = {}, {}
-    deadline = time.monotonic() + a.timeout
-    try:
-        while len(got) + len(errors) < world and time.monotonic() < deadline and not errors:
-            try:
-                r, status, payload = q.get(timeout=1.0)
-            except _queue.Empty:
-                if all(not p.is_alive() for p in procs) and q.empty():
-                    break
-                continue
-            (got if status == "ok" else errors)[r] = payload
-    finally:
-        for p in procs:
-            p.join(timeout=5 if not errors else 1)
-            if p.is_alive():
-                p.kill()
-                p.join(timeout=5)
-    if errors or 0 not in got:
+    out = spawn_gloo(_rank_result, world, a, warmup, repeats, timeout=a.timeout, pg_timeout=120, stop_on_error=True)
+    errors = {r: m for r, (status, m) in out.items() if status == "error"}
+    if errors or out[0][0] != "ok":
         msg = "\n".join(f"[rank {r}] {m}" for r, m in sorted(errors.items())) or f"timed out after {a.timeout}s"
         raise RuntimeError(f"bench_sync world={world} failed:\n{msg}")
-    return got[0]
+    return out[0][1]
 
 
 def main(argv=None) -> int:

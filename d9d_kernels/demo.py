@@ -31,12 +31,9 @@ import json
 import math
 import os
 import platform
-import queue as _queue
-import socket
 import statistics
 import sys
 import time
-import traceback
 import warnings
 from pathlib import Path
 
@@ -76,12 +73,6 @@ def _parse(argv=None) -> argparse.Namespace:
     if a.world_size < 1 or a.steps < 1 or a.log_every < 1:
         p.error("--world-size, --steps and --log-every must be >= 1")
     return a
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Shard:
@@ -342,31 +333,17 @@ def _overhead(rank, args, tr: _Trainer, ctx):
     return out
 
 
-def _worker(rank, world, port, args, q):
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    torch.set_num_threads(max(1, (os.cpu_count() or 2) // world))
-    import torch.distributed as dist
+def _rank_main(rank, world, args):
+    """One rank of the demo (``d9d_kernels.spawn``: gloo already initialised)."""
+    import d9d_kernels as dk
 
-    try:
-        dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=120))
-        import d9d_kernels as dk
-
-        ctx = dk.DistributedContext()
-        out_dir = Path(args.out)
-        tr = _Trainer(rank, args.seed)
-        rows, final, ref_vals = _logged_run(rank, world, args, tr, ctx, out_dir)
-        overhead = _overhead(rank, args, tr, ctx)
-        shard = {"rank": rank, "shard_size": tr.data.n, "batch": tr.data.batch}
-        q.put((rank, "ok", {"rows": rows, "final": final, "ref": ref_vals, "overhead": overhead, "shard": shard}))
-    except BaseException as e:  # report every failure to the parent
-        q.put((rank, "error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
-    finally:
-        if dist.is_initialized():
-            try:
-                dist.destroy_process_group()
-            except Exception:
-                pass
+    ctx = dk.DistributedContext()
+    out_dir = Path(args.out)
+    tr = _Trainer(rank, args.seed)
+    rows, final, ref_vals = _logged_run(rank, world, args, tr, ctx, out_dir)
+    overhead = _overhead(rank, args, tr, ctx)
+    shard = {"rank": rank, "shard_size": tr.data.n, "batch": tr.data.batch}
+    return {"rows": rows, "final": final, "ref": ref_vals, "overhead": overhead, "shard": shard}
 
 
 # ------------------------------------------------------------------------ the parent
@@ -428,37 +405,17 @@ def _summary(args, res: dict, started: float) -> tuple[dict, str]:
 def main(argv=None) -> int:
     args = _parse(argv)
     started = time.perf_counter()
-    import torch.multiprocessing as mp
+    from d9d_kernels.spawn import spawn_gloo
 
-    mpc = mp.get_context("spawn")
-    q = mpc.Queue()
-    port = _free_port()
-    procs = [mpc.Process(target=_worker, args=(r, args.world_size, port, args, q), daemon=True) for r in range(args.world_size)]
-    for p in procs:
-        p.start()
-    res, errors = {}, {}
-    deadline = time.monotonic() + args.timeout
-    try:
-        while len(res) + len(errors) < args.world_size and time.monotonic() < deadline:
-            try:
-                rank, status, payload = q.get(timeout=1.0)
-            except _queue.Empty:
-                if all(not p.is_alive() for p in procs) and q.empty():
-                    break
-                continue
-            (res if status == "ok" else errors)[rank] = payload
-            if errors:  # one rank failed: the others would block in a collective
-                break
-    finally:
-        for p in procs:
-            p.join(timeout=5 if not errors else 1)
-            if p.is_alive():
-                p.kill()
-                p.join(timeout=5)
+    threads = max(1, (os.cpu_count() or 2) // args.world_size)
+    out = spawn_gloo(_rank_main, args.world_size, args, timeout=args.timeout, pg_timeout=120,
+                     threads=threads, stop_on_error=True)
+    res = {r: v for r, (status, v) in out.items() if status == "ok"}
+    errors = {r: v for r, (status, v) in out.items() if status == "error"}
     if errors or len(res) < args.world_size:
         for r, m in sorted(errors.items()):
             print(f"[rank {r}] {m}", file=sys.stderr)
-        missing = sorted(set(range(args.world_size)) - set(res) - set(errors))
+        missing = sorted(r for r, (status, _) in out.items() if status == "timeout")
         if missing:
             print(f"demo: ranks {missing} did not finish within {args.timeout:.0f}s (killed)", file=sys.stderr)
         return 1
