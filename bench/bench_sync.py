@@ -29,6 +29,7 @@ a barrier; providers take turns within each repeat. Times are rank 0's.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -43,6 +44,8 @@ BENCH = "bench_sync"
 PROVIDERS = ("d9d", "d9d_compute", "torchmetrics", "torcheval", "raw_all_reduce")
 FULL_KS = (1, 2, 4, 8, 16, 32, 64)
 QUICK_KS = (1, 4, 16, 64)
+CHEAP = ("d9d", "d9d_compute", "raw_all_reduce")
+CHEAP_SAMPLES = 8
 
 
 def parse(argv=None):
@@ -73,6 +76,9 @@ def _rank_main(rank: int, world: int, a, warmup: int, repeats: int):
     import torch.distributed as dist
 
     torch.set_num_threads(1)
+    cpus = sorted(os.sched_getaffinity(0))
+    if world <= len(cpus):  # one core per rank: no migrations mid-collective
+        os.sched_setaffinity(0, {cpus[rank]})
     logits, target, loss, n = pv.update_inputs(64, pv.SYNC_C, seed=rank)
     out = []
     for K in a.ks:
@@ -90,18 +96,22 @@ def _rank_main(rank: int, world: int, a, warmup: int, repeats: int):
         # providers interleaved within each repeat (not one block each): on a
         # shared machine, slow periods (scheduler time slices of ~4 ms were seen
         # hitting whole blocks) then hit every provider alike
+        # The ~1 ms providers get CHEAP_SAMPLES timed calls per repeat (the
+        # peers take 5-1200 ms each): one gloo collective varied 0.3-5 ms from
+        # call to call here, and 21 samples left medians 2x apart run to run.
         times = {prov: [] for prov in a.providers}
         for i in range(warmup + repeats):
             for prov in a.providers:
                 gname, fn = ops[prov]
-                if gname is not None:
-                    groups[gname].update(logits, target, loss, n)
-                dist.barrier()
-                t = time.perf_counter()
-                fn()
-                dt = time.perf_counter() - t
-                if i >= warmup:
-                    times[prov].append(dt)
+                for _ in range(CHEAP_SAMPLES if prov in CHEAP else 1):
+                    if gname is not None:
+                        groups[gname].update(logits, target, loss, n)
+                    dist.barrier()
+                    t = time.perf_counter()
+                    fn()
+                    dt = time.perf_counter() - t
+                    if i >= warmup:
+                        times[prov].append(dt)
         for prov in a.providers:
             out.append({"K": K, "provider": prov, "bytes": nbytes, "times": times[prov]})
     return out

@@ -81,6 +81,7 @@ class _GroupState:
         self.exchange_seq = itertools.count()  # exchanges on this group so far
         self.exchange_last_key: Union[str, None] = None  # this rank's key of the previous exchange
         self.gloo = None  # private gloo backend over the same ranks (device routing)
+        self.routes: dict[str, str] = {}  # device type -> _route(...) (the backend config is fixed)
 
 
 _group_states: dict[str, _GroupState] = {}
@@ -159,7 +160,7 @@ class CollectiveHandle:
     otherwise. Waiting twice is a no-op.
     """
 
-    def __init__(self, work=None, *, what: str = "", timeout: datetime.timedelta = DEFAULT_TIMEOUT, finish=None):
+    def __init__(self, work=None, *, what=None, timeout: datetime.timedelta = DEFAULT_TIMEOUT, finish=None):
         self._work = work
         self._what = what
         self._timeout = timeout
@@ -170,6 +171,11 @@ class CollectiveHandle:
         """True when ``wait()`` would not block."""
         return self._done or self._work is None or bool(self._work.is_completed())
 
+    @property
+    def what(self) -> str:
+        """The operation, for messages (``what`` may be given as a callable: built only when needed)."""
+        return self._what() if callable(self._what) else (self._what or "collective")
+
     def wait(self) -> None:
         if self._done:
             return
@@ -179,11 +185,11 @@ class CollectiveHandle:
                 ok = self._work.wait(timeout=self._timeout)
             except Exception as e:  # gloo raises "Operation timed out!", NCCL a DistBackendError
                 raise RuntimeError(
-                    f"d9d_kernels: {self._what} did not complete within the timeout of {secs:g} s "
+                    f"d9d_kernels: {self.what} did not complete within the timeout of {secs:g} s "
                     f"(a rank did not join, or ranks issued different collectives): {type(e).__name__}: {e}"
                 ) from e
             if ok is False:
-                raise RuntimeError(f"d9d_kernels: {self._what} did not complete within the timeout of {secs:g} s")
+                raise RuntimeError(f"d9d_kernels: {self.what} did not complete within the timeout of {secs:g} s")
         if self._finish is not None:
             self._finish()
         self._done = True
@@ -332,7 +338,9 @@ class DistributedContext:
         if self.is_local:
             return _COMPLETED
         red = dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX
-        what = f"all_reduce({op}) of {tuple(tensor.shape)} {tensor.dtype} over ranks {self.ranks}"
+        # built only for an error message: get_process_group_ranks + formatting
+        # cost ~20 us, a tenth of a gloo all_reduce (bench_sync)
+        what = lambda: f"all_reduce({op}) of {tuple(tensor.shape)} {tensor.dtype} over ranks {self.ranks}"  # noqa: E731
         group, raw, buf, finish = self._routed(tensor)
         if raw:  # private gloo backend: not registered with c10d, called directly
             work = group.allreduce(buf, red)
@@ -351,7 +359,7 @@ class DistributedContext:
         if self.is_local:
             output.view(-1).copy_(input.reshape(-1))
             return _COMPLETED
-        what = f"all_gather of {input.numel()} x {input.dtype} over ranks {self.ranks}"
+        what = lambda: f"all_gather of {input.numel()} x {input.dtype} over ranks {self.ranks}"  # noqa: E731
         group, raw, out_buf, finish = self._routed(output)
         in_buf = input if input.device == out_buf.device else input.to(out_buf.device)
         if raw:
@@ -369,7 +377,11 @@ class DistributedContext:
         ``finish`` copies back after the wait.
         """
         group = self.group
-        route = _route(_backend_config(group), tensor.device.type)
+        routes = _state(group).routes
+        dev = tensor.device.type
+        route = routes.get(dev)
+        if route is None:
+            route = routes[dev] = _route(_backend_config(group), dev)
         buf = tensor
         if route in ("stage", "gloo_stage"):  # device tensor through host memory (the copy syncs the stream)
             buf = tensor.detach().to("cpu")

@@ -142,7 +142,7 @@ class _Pending:
     def __init__(self, handles, snapshot, folded=None):
         self.handles = handles
         self.snapshot = snapshot
-        self.folded = folded  # the [SUM | world x MAX] buffer when MAX rode in the sum
+        self.folded = folded  # _Storage._folded views when MAX rode in the sum
         self.discard = False
 
 
@@ -171,7 +171,7 @@ class _Storage:
         self.snaps = [{k: torch.empty_like(v) for k, v in self.local.items()} for _ in range(2)]
         self.snap_views = [[self.layout.views(b, j) for j in range(len(self.layout.stats))] for b in self.snaps]
         self.next_snap = 0
-        self.fold_bufs: dict[tuple[int, int], torch.Tensor] = {}  # (snapshot, world) -> [SUM | world x MAX]
+        self.fold_bufs: dict[tuple[int, int, int], tuple] = {}  # (snapshot, world, rank) -> _folded views
         self.plans: dict = {}  # d9d_kernels.plan: input signature -> Plan (buffers changed: start afresh)
         self.recording: list | None = None
 
@@ -233,39 +233,48 @@ class _Storage:
         i = self.next_snap
         self.next_snap = 1 - i
         snapshot = self.snaps[i]
-        for k, v in self.local.items():
-            snapshot[k].copy_(v)
-        handles, folded = [], None
+        # Launch first, copy the rest after: every op between the ranks'
+        # arrival and the launch delays all of them (bench_sync, world 2: the
+        # ops before the launch took 40-60 us right after a barrier).
+        handles, folded, done = [], None, ()
         if ctx is not None:
             n_max = self.layout.sizes[MAX]
             world = ctx.world_size if n_max else 1
             if n_max and n_max * world <= FOLD_MAX_ELEMS:
-                folded = self._folded(i, world, ctx.rank)
-                handles.append(ctx.all_reduce(folded, "sum"))
+                buf, sums, rows, mine = folded = self._folded(i, world, ctx.rank)
+                sums.copy_(self.local[SUM])
+                rows.zero_()
+                mine.copy_(self.local[MAX])
+                handles.append(ctx.all_reduce(buf, "sum"))
+                done = (SUM, MAX)  # filled from the reduced buffer at wait
             else:
                 for kind, op in ((SUM, "sum"), (MAX, "max")):
                     if snapshot[kind].numel():
+                        snapshot[kind].copy_(self.local[kind])
                         handles.append(ctx.all_reduce(snapshot[kind], op))
+                done = (SUM, MAX)
+        for k, v in self.local.items():
+            if k not in done:
+                snapshot[k].copy_(v)
         self.pending = _Pending(handles, i, folded)
 
-    def _folded(self, i: int, world: int, rank: int) -> torch.Tensor:
-        """``[SUM | world x MAX]`` for one "sum" all_reduce: this rank's MAX
-        values in its own row, zeros in the others (x + 0 is exact, NaN and
-        +-inf included), so the reduced rows are every rank's MAX values.
-        A second gloo collective costs ~0.2 ms at world 2 and ~4 ms at world 4
-        here (bench/analysis.md), far more than these extra bytes."""
-        key = (i, world)
-        buf = self.fold_bufs.get(key)
-        if buf is None:
-            buf = self.fold_bufs[key] = torch.zeros(
-                self.layout.sizes[SUM] + world * self.layout.sizes[MAX], dtype=torch.float64, device=self.device
-            )
-        n_sum, n_max = self.layout.sizes[SUM], self.layout.sizes[MAX]
-        buf[:n_sum].copy_(self.local[SUM])
-        rows = buf[n_sum:].view(world, n_max)
-        rows.zero_()
-        rows[rank].copy_(self.local[MAX])
-        return buf
+    def _folded(self, i: int, world: int, rank: int) -> tuple[torch.Tensor, ...]:
+        """``(buf, its SUM part, its [world, MAX] rows, this rank's row)``.
+
+        ``buf = [SUM | world x MAX]`` goes through ONE "sum" all_reduce with
+        this rank's MAX values in its own row and zeros in the others (x + 0
+        is exact, NaN and +-inf included), so the reduced rows hold every
+        rank's MAX values. A second gloo collective cost ~0.2 ms at world 2
+        and ~4 ms at world 4 here (bench/analysis.md), far more than these
+        extra bytes. Allocated once per (snapshot, world, rank)."""
+        key = (i, world, rank)
+        views = self.fold_bufs.get(key)
+        if views is None:
+            n_sum, n_max = self.layout.sizes[SUM], self.layout.sizes[MAX]
+            buf = torch.zeros(n_sum + world * n_max, dtype=torch.float64, device=self.device)
+            rows = buf[n_sum:].view(world, n_max)
+            views = self.fold_bufs[key] = (buf, buf[:n_sum], rows, rows[rank])
+        return views
 
     def wait(self) -> None:
         p = self.pending
@@ -278,9 +287,9 @@ class _Storage:
             return
         snapshot = self.snaps[p.snapshot]
         if p.folded is not None:
-            n_sum, n_max = self.layout.sizes[SUM], self.layout.sizes[MAX]
-            snapshot[SUM].copy_(p.folded[:n_sum])
-            torch.amax(p.folded[n_sum:].view(-1, n_max), dim=0, out=snapshot[MAX])
+            _, sums, rows, _ = p.folded
+            snapshot[SUM].copy_(sums)
+            torch.amax(rows, dim=0, out=snapshot[MAX])
         self.synced = snapshot
         self.synced_views = self.snap_views[p.snapshot]
         self.dirty = False
@@ -352,6 +361,9 @@ class _Storage:
         self.dirty = False
 
 
+_world_ctx: list = [None, None]  # (world ProcessGroup, its DistributedContext)
+
+
 def _resolve_ctx(ctx):
     """None = the world group when torch.distributed is initialised, else local."""
     if ctx is None:
@@ -359,9 +371,12 @@ def _resolve_ctx(ctx):
 
         if not (dist.is_available() and dist.is_initialized()):
             return None
-        from d9d_kernels.distributed import DistributedContext
+        world = dist.group.WORLD
+        if _world_ctx[0] is not world:  # one context per world group (re-initialised: a new one)
+            from d9d_kernels.distributed import DistributedContext
 
-        ctx = DistributedContext()
+            _world_ctx[:] = world, DistributedContext()
+        ctx = _world_ctx[1]
     if ctx.is_local:
         return None
     return ctx
