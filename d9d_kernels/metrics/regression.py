@@ -44,13 +44,10 @@ class _Regression(Metric):
     ) -> None:
         """Adds a batch (device-local, no host sync)."""
         name = type(self).__name__
-        A.check_tensor(name, "preds", preds)
-        A.check_tensor(name, "target", target)
+        A.check_preds_target(name, preds, target)
         ps = tuple(preds.shape)
         if not (tuple(target.shape) == ps):
             A.fail(name, "target", f"must have preds' shape {ps}, got {tuple(target.shape)}")
-        if not (target.device == preds.device):
-            A.fail(name, "target", f"must be on preds' device {preds.device}, got {target.device}")
         if weights is not None:
             A.check_tensor(name, "weights", weights)
             ws = tuple(weights.shape)
