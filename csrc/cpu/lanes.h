@@ -1,0 +1,49 @@
+// 16-byte vectors through the GCC/Clang vector extension, for CPU loops that
+// -O3 did not vectorise on its own (class_stats: short fixed-width lane
+// loops were fully unrolled into scalar compares). 16 bytes is the baseline
+// of x86-64 (SSE2) and arm64 (NEON), so no -march flag and no intrinsics;
+// on other targets the compiler lowers the same code to scalar operations.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+namespace d9d {
+
+template <class V>
+struct Vec16 {
+  typedef V type __attribute__((vector_size(16)));
+};
+
+template <class V>
+using VecOf = typename Vec16<V>::type;  // float x 4 / double x 2
+
+template <class V>
+using MaskOf = decltype(VecOf<V>{} > VecOf<V>{});  // int32 x 4 / int64 x 2: 0 or -1 per lane
+
+template <class V>
+constexpr int kPerVec = 16 / sizeof(V);
+
+template <class V>
+inline VecOf<V> load_vec(const V* p) {  // unaligned
+  VecOf<V> v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+template <class V>
+inline VecOf<V> splat(V s) {
+  VecOf<V> v;
+  for (int l = 0; l < kPerVec<V>; ++l) v[l] = s;
+  return v;
+}
+
+// Any lane of a comparison mask set.
+template <class M>
+inline bool any_lane(M m) {
+  typedef int64_t Q __attribute__((vector_size(16)));
+  const Q q = reinterpret_cast<Q>(m);
+  return (q[0] | q[1]) != 0;
+}
+
+}  // namespace d9d
