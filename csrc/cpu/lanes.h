@@ -8,6 +8,10 @@
 #include <cstdint>
 #include <cstring>
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 namespace d9d {
 
 template <class V>
@@ -36,6 +40,23 @@ inline VecOf<V> splat(V s) {
   VecOf<V> v;
   for (int l = 0; l < kPerVec<V>; ++l) v[l] = s;
   return v;
+}
+
+// Bit l set iff lane l of a comparison mask is set (SSE2 movemask; a lane
+// loop elsewhere).
+template <class M>
+inline int lane_bits(M m) {
+#if defined(__SSE2__)
+  if constexpr (sizeof(m[0]) == 4) {
+    return _mm_movemask_ps(reinterpret_cast<__m128>(m));
+  } else {
+    return _mm_movemask_pd(reinterpret_cast<__m128d>(m));
+  }
+#else
+  int bits = 0;
+  for (int l = 0; l < int(16 / sizeof(m[0])); ++l) bits |= (m[l] != 0) << l;
+  return bits;
+#endif
 }
 
 // Any lane of a comparison mask set.
