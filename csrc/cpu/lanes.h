@@ -35,11 +35,10 @@ inline VecOf<V> load_vec(const V* p) {  // unaligned
   return v;
 }
 
+// s in every lane: one shufps (a lane loop of stores compiled to ~10 shuffles).
 template <class V>
 inline VecOf<V> splat(V s) {
-  VecOf<V> v;
-  for (int l = 0; l < kPerVec<V>; ++l) v[l] = s;
-  return v;
+  return s - VecOf<V>{};  // exact, -0 included
 }
 
 // Bit l set iff lane l of a comparison mask is set (SSE2 movemask; a lane
