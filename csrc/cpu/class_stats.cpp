@@ -29,11 +29,15 @@
 namespace d9d {
 namespace {
 
-// Rows per chunk for index preds, elements per chunk for score rows: chunks of
-// >= ~100 us at the 3-5 ns/row and ~4 ns/score measured by
-// bench/bench_kernels.py, well above a thread hand-off (estimate, not swept).
+// Rows per chunk for index preds: chunks of >= ~100 us at the 3-5 ns/row
+// measured by bench/bench_kernels.py, well above a thread hand-off.
 constexpr int64_t kGrainRows = 1 << 16;
-constexpr int64_t kGrainElems = 1 << 15;
+// Score rows per chunk: >= kGrainNs of work at ~(10 + C / 5) ns per float32
+// row (measured 14 ns at C = 10, 220 ns at C = 1000). Was 32768 scores a
+// chunk: 3277 -> 4166 rows at C = 10, 33 -> 238 at C = 1000. An estimate,
+// not swept: the bench machine gains nothing from a 2nd thread (at [64,
+// 1000] a 2nd chunk took 13.3 -> 16.9 us there).
+constexpr int64_t kGrainNs = 50000;
 
 // Where one chunk accumulates: the state itself (single chunk) or a private slice.
 struct Out {
@@ -448,7 +452,7 @@ void class_stats_cpu(const at::Tensor& preds_in, const at::Tensor& target, const
   const int64_t n_stats = a.K * 3 * C;
   const int64_t slice = n_stats + 3;
   // A chunk must at least do as much work as zeroing + merging its slice.
-  const int64_t grain = scores ? std::max<int64_t>((kGrainElems + C - 1) / C, slice / C + 1)
+  const int64_t grain = scores ? std::max<int64_t>(kGrainNs / (10 + C / 5), slice / C + 1)
                                : std::max<int64_t>(kGrainRows, slice);
   const int64_t chunks = num_chunks(n, grain, slice * int64_t(sizeof(double)));
   std::vector<double> priv(chunks > 1 ? chunks * slice : 0, 0.0);
