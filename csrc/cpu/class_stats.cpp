@@ -158,7 +158,12 @@ void for_rows(const Args& a, const Out& o, const T* preds, int64_t rs, const T* 
     }
     const T* src = preds + i * rs;
     const V* row;
-    if constexpr (convert) {
+    if constexpr (std::is_same_v<T, at::Half>) {
+      for (int64_t j = half_bits_to_float(reinterpret_cast<const uint16_t*>(src), buf.data(), C); j < C; ++j) {
+        buf[j] = static_cast<float>(src[j]);
+      }
+      row = buf.data();
+    } else if constexpr (convert) {
       for (int64_t j = 0; j < C; ++j) buf[j] = static_cast<V>(src[j]);
       row = buf.data();
     } else {

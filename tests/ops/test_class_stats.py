@@ -299,3 +299,16 @@ def test_scores_adversarial_rows(backend, dtype, C):
     # rows read near the end of a strided view and of the storage
     run_and_compare(backend, noncontig(preds)[-3:], target[-3:], C=C, top_ks=(1, min(5, C)))
     run_and_compare(backend, preds[-1:], target[-1:], C=C, top_ks=(1,))
+
+
+def test_every_float16_value(backend):
+    """All 65536 float16 bit patterns as scores (the CPU kernel converts half
+    rows with its own vectorised formula): subnormals, +-0, Inf and NaN rows."""
+    if backend == "triton":
+        pytest.skip("the Triton interpreter is slow here; the bit patterns matter for the C++ conversion")
+    bits = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16)
+    preds = bits.view(torch.float16)[torch.randperm(2**16)].reshape(-1, 64)
+    finite = preds[torch.isfinite(preds).all(dim=1)]
+    for p in (preds, finite, finite[:, :37]):
+        C = p.shape[1]
+        run_and_compare(backend, p, torch.randint(0, C, (p.shape[0],)), C=C, top_ks=(1, 5), nll=True)
