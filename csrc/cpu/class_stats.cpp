@@ -158,7 +158,7 @@ void for_rows(const Args& a, const Out& o, const T* preds, int64_t rs, const T* 
     }
     const T* src = preds + i * rs;
     const V* row;
-    if constexpr (std::is_same_v<T, at::Half>) {
+    if constexpr (convert && std::is_same_v<T, at::Half>) {
       for (int64_t j = half_bits_to_float(reinterpret_cast<const uint16_t*>(src), buf.data(), C); j < C; ++j) {
         buf[j] = static_cast<float>(src[j]);
       }
@@ -174,6 +174,18 @@ void for_rows(const Args& a, const Out& o, const T* preds, int64_t rs, const T* 
       }
     }
     f(i, t, row);
+  }
+}
+
+// kPerVec scores at p as V.
+template <class T>
+inline VecOf<typename Cmp<T>::type> load_as(const T* p) {
+  if constexpr (std::is_same_v<T, at::Half>) {
+    return half_bits_to_float4(reinterpret_cast<const uint16_t*>(p));
+  } else if constexpr (std::is_same_v<T, at::BFloat16>) {
+    return bf16_bits_to_float4(reinterpret_cast<const uint16_t*>(p));
+  } else {
+    return load_vec(p);
   }
 }
 
@@ -229,12 +241,14 @@ void rows_small(const Args& a, const Out& o, const T* preds, int64_t rs, const T
     valid = nll = 0.0;
   };
   for (int64_t bb = b; bb < e; bb += kFlushRows) {
-    for_rows<V>(a, o, preds, rs, end, U * P - C, tg, ms, has_m, bb, std::min(e, bb + kFlushRows),
-                [&](int64_t i, int64_t t, const V* x) {
+    for_rows<T>(a, o, preds, rs, end, U * P - C, tg, ms, has_m, bb, std::min(e, bb + kFlushRows),
+                [&](int64_t i, int64_t t, const T* row) {
+      V x[U * P];  // the row as V (half/bfloat16 converted in lanes, no scalar stores)
       Vec s[U];
       Mask r[U], nonfinite{};
       for (int u = 0; u < U; ++u) {
-        const Vec v = load_vec(x + u * P);
+        const Vec v = load_as(row + u * P);
+        std::memcpy(x + u * P, &v, sizeof v);
         nonfinite |= ~(v - v == Vec{}) & live[u];
         s[u] = v;
         r[u] = init[u];
@@ -243,18 +257,30 @@ void rows_small(const Args& a, const Out& o, const T* preds, int64_t rs, const T
         o.bad[0] += 1.0;
         return;
       }
-      for (int i2 = 0; i2 < C; ++i2) {
-        const Vec si = splat(x[i2]);
-        for (int u = 0; u < U; ++u) r[u] -= si > s[u];
-      }
-      Mask sum{};
-      for (int u = 0; u < U; ++u) sum += r[u] & live[u];
-      int64_t total = 0;
-      for (int l = 0; l < P; ++l) total += sum[l];
-      if (total != no_ties) {
+      if (a.kmax == 1) {  // rank 0 for the first lane holding the row max, 1 for the rest
+        Vec m = live[0] ? s[0] : splat(-std::numeric_limits<V>::infinity());
+        for (int u = 1; u < U; ++u) m = (live[u] & (s[u] > m)) ? s[u] : m;
+        V best = m[0];
+        for (int l = 1; l < P; ++l) best = m[l] > best ? m[l] : best;
+        const Vec vb = splat(best);
+        uint32_t bits = 0;
+        for (int u = 0; u < U; ++u) bits |= uint32_t(lane_bits((s[u] == vb) & live[u])) << (u * P);
+        const Mask am = Mask{} + __builtin_ctz(bits);
+        for (int u = 0; u < U; ++u) r[u] = (idx[u] != am) & 1;
+      } else {
         for (int i2 = 0; i2 < C; ++i2) {
           const Vec si = splat(x[i2]);
-          for (int u = 0; u < U; ++u) r[u] -= (si == s[u]) & (idx[u] > i2);
+          for (int u = 0; u < U; ++u) r[u] -= si > s[u];
+        }
+        Mask sum{};
+        for (int u = 0; u < U; ++u) sum += r[u] & live[u];
+        int64_t total = 0;
+        for (int l = 0; l < P; ++l) total += sum[l];
+        if (total != no_ties) {
+          for (int i2 = 0; i2 < C; ++i2) {
+            const Vec si = splat(x[i2]);
+            for (int u = 0; u < U; ++u) r[u] -= (si == s[u]) & (idx[u] > i2);
+          }
         }
       }
       const auto tv = static_cast<typename L::Int>(t);

@@ -85,6 +85,15 @@ inline VecOf<float> half_bits_to_float4(const uint16_t* h) {
   return reinterpret_cast<F32x4>(r);
 }
 
+// bfloat16 bits -> float (exact: the top half of the float's bits), 4 lanes.
+inline VecOf<float> bf16_bits_to_float4(const uint16_t* h) {
+  typedef uint16_t U16x4 __attribute__((vector_size(8)));
+  typedef uint32_t U32x4 __attribute__((vector_size(16)));
+  U16x4 v;
+  std::memcpy(&v, h, sizeof v);
+  return reinterpret_cast<VecOf<float>>(__builtin_convertvector(v, U32x4) << 16);
+}
+
 // Converts h[0 .. n - n % 4); returns n - n % 4 (the caller converts the rest:
 // a padded copy for the tail cost more than the scalar conversion at C = 10).
 inline int64_t half_bits_to_float(const uint16_t* h, float* out, int64_t n) {
