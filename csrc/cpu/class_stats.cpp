@@ -459,11 +459,33 @@ void rows_small_dispatch(const Args& a, const Out& o, const T* preds, int64_t rs
   rows_small<V, U>(a, o, preds, rs, end, tg, ms, has_m, b, e);
 }
 
+// C = 1 (top_ks = [1]): every finite row is a hit on class 0, its NLL 0
+// (rows_small cost 6.0 -> 7.7 ns/row on [16384, 1]).
+template <class V, class T>
+void rows_one(const Args& a, const Out& o, const T* preds, int64_t rs, const T* end, const Strided1<int64_t>& tg,
+              const Strided1<bool>& ms, bool has_m, int64_t b, int64_t e) {
+  double valid = 0.0;
+  for_rows<T>(a, o, preds, rs, end, 0, tg, ms, has_m, b, e, [&](int64_t i, int64_t, const T* row) {
+    const V v = static_cast<V>(row[0]);
+    if (!(v - v == V(0))) {
+      o.bad[0] += 1.0;
+      return;
+    }
+    valid += 1.0;
+    if (o.cells != nullptr) o.cells[i] = 0;
+  });
+  for (int part = 0; part < 3; ++part) o.stats[part] += valid;
+  if (o.confmat != nullptr) o.confmat[0] += valid;
+  o.extras[0] += valid;
+}
+
 template <class T>
 void rows_scores(const Args& a, const Out& o, const T* preds, int64_t rs, const T* end, const Strided1<int64_t>& tg,
                  const Strided1<bool>& ms, bool has_m, int64_t b, int64_t e) {
   using V = typename Cmp<T>::type;
-  if (a.kmax > kTopKBuffer) {
+  if (a.C == 1) {
+    rows_one<V>(a, o, preds, rs, end, tg, ms, has_m, b, e);
+  } else if (a.kmax > kTopKBuffer) {
     rows_sort<V>(a, o, preds, rs, end, tg, ms, has_m, b, e);
   } else if (a.C <= (std::is_same_v<V, double> ? kSmallCDouble : kSmallC)) {
     rows_small_dispatch<V>(a, o, preds, rs, end, tg, ms, has_m, b, e);
