@@ -4,13 +4,16 @@
 // serial pass adds them: a private [C, C] per chunk had forced C = 1000 onto
 // one thread (logits [1024, 1000], top-1/5 + confmat, 2 threads: 2.40 ->
 // 1.58 ms, the cost without a confusion matrix).
-// Score rows: up to 32 classes, branch-free all-pairs ranks with per-class
-// counts in vector lanes (rows_small); longer rows, a two-pass threshold
-// scan that offers ~k scores to a top-k buffer (rows_scan); the log-sum-exp
-// only with nll. Float rows compare in float. Logits, top-1/5 + confmat,
-// float32, bench machine (2 shared cores, no gain from the 2nd thread):
-//   [16384, 10]: 1866 -> 358 us; [1024, 1000]: 1600 -> 459 us;
-//   [32, 1000]: 41.8 -> 11.3 us; [16384, 1000]: 25.9 -> 9.2 ms.
+// Score rows: up to 32 classes (24 for float64), branch-free all-pairs
+// ranks with per-class counts in vector lanes (rows_small); longer rows, a
+// two-pass threshold scan that offers ~k scores to a top-k buffer
+// (rows_scan); the log-sum-exp only with nll. Float/half/bfloat16 compare
+// in float. Logits, top-1/5 + confmat, float32, 2 threads on the bench
+// machine (2 shared cores, no gain from the 2nd thread), before -> after:
+//   [1024, 10] 31.6 -> 16 us; [16384, 10] 1866 -> 225 us;
+//   [32, 1000] 41.8 -> 8.0 us; [1024, 1000] 1600 -> 224 us;
+//   [16384, 1000] 25.9 -> 5.7 ms (torch.topk + bincount: 1020 us, 86 us,
+//   750 us, 12.6 ms on the same shapes).
 // Specification: d9d_kernels/reference.py::class_stats.
 #include "../kernels/class_stats.h"
 
@@ -205,11 +208,12 @@ struct Lanes {
 // Rows of C <= U * P classes: every class's rank from all pairs, with no
 // data-dependent branch and no per-class scatter. (A best-first insertion
 // buffer mispredicts on most offers of a C = 10 row; adding 1 at
-// stats[top[r]] stalls on addresses known late: 114 -> 33 ns/row at C = 10.)
-// rank[l] = #{i : s_i > s_l} is the rank when no two scores are equal:
-// then the ranks sum to C(C-1)/2; a smaller sum (ties) takes a second pass
-// that adds the equal scores of lower classes. Per-class counts are int32
-// lanes (pred and tp per k, targets), flushed to `stats` every kFlushRows.
+// stats[top[r]] stalls on addresses known late. At C = 10, top-1/5: 114 ->
+// 14 ns/row.) rank[l] = #{i : s_i > s_l} is the rank when no two scores are
+// equal: then the ranks sum to C(C-1)/2; a smaller sum (ties) takes a second
+// pass that adds the equal scores of lower classes. Per-class counts are
+// integer lanes (pred and tp per k, targets), flushed to `stats` every
+// kFlushRows. top_ks = [1] needs only the first lane holding the row max.
 template <class V, int U, class T>
 void rows_small(const Args& a, const Out& o, const T* preds, int64_t rs, const T* end, const Strided1<int64_t>& tg,
                 const Strided1<bool>& ms, bool has_m, int64_t b, int64_t e) {
@@ -247,12 +251,18 @@ void rows_small(const Args& a, const Out& o, const T* preds, int64_t rs, const T
   for (int64_t bb = b; bb < e; bb += kFlushRows) {
     for_rows<T>(a, o, preds, rs, end, U * P - C, tg, ms, has_m, bb, std::min(e, bb + kFlushRows),
                 [&](int64_t i, int64_t t, const T* row) {
-      V x[U * P];  // the row as V (half/bfloat16 converted in lanes, no scalar stores)
+      V conv[U * P];  // half/bfloat16 converted in lanes (no scalar stores); else the row itself
+      const V* x;
+      if constexpr (std::is_same_v<T, V>) {
+        x = row;  // a copy cost 12% at [16384, 10]
+      } else {
+        x = conv;
+      }
       Vec s[U];
       Mask r[U], nonfinite{};
       for (int u = 0; u < U; ++u) {
         const Vec v = load_as(row + u * P);
-        std::memcpy(x + u * P, &v, sizeof v);
+        if constexpr (!std::is_same_v<T, V>) std::memcpy(conv + u * P, &v, sizeof v);
         nonfinite |= ~(v - v == Vec{}) & live[u];
         s[u] = v;
         r[u] = init[u];
