@@ -252,3 +252,63 @@ def test_scores_several_chunks_with_confmat(backend):
         run_and_compare(backend, preds, target, torch.rand(n) > 0.1, C=C, top_ks=(1, 3), ignore_index=0)
     finally:
         torch.set_num_threads(threads)
+
+
+def _adversarial_rows(n, C, dtype, g):
+    """Rows that stress a threshold scan: ascending (every score a new best),
+    descending, all equal, few distinct values (ties across blocks), the best
+    scores in the last (partial) block, one NaN/+Inf/-Inf at the start, middle
+    or last position, and plain random rows."""
+    kinds = []
+    base = torch.randn(n, C, generator=g, dtype=torch.float64)
+    ar = torch.arange(C, dtype=torch.float64)
+    for r in range(n):
+        kind = r % 9
+        if kind == 0:
+            base[r] = ar
+        elif kind == 1:
+            base[r] = -ar
+        elif kind == 2:
+            base[r] = 1.5
+        elif kind == 3:
+            base[r] = torch.randint(0, 3, (C,), generator=g).double()
+        elif kind == 4:
+            base[r, -min(C, 7):] += 10.0
+        elif kind in (5, 6, 7):
+            pos = int(torch.randint(0, C, (1,), generator=g)) if kind == 6 else (0 if kind == 5 else C - 1)
+            base[r, pos] = [float("nan"), float("inf"), float("-inf")][r % 3]
+        kinds.append(kind)
+    return base.to(dtype)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("C", [2, 10, 17, 32, 33, 100, 1003])
+def test_scores_adversarial_rows(backend, dtype, C):
+    """Every row scan of the CPU kernel (all-pairs ranks up to 32 classes, the
+    two-pass threshold scan above) on rows built to defeat it, several top_ks
+    including a k above the 16 columns of the scan and the buffer limit 64."""
+    if C > 100 and backend == "triton":
+        pytest.skip("~17 s in the Triton interpreter; C = 100 covers its row loop")
+    g = torch.Generator().manual_seed(C)
+    n = 45
+    preds = _adversarial_rows(n, C, dtype, g)
+    target = torch.randint(0, C, (n,), generator=g)
+    for top_ks in [(1,), (1, 5), (2, 16), (3, 17), (1, 64), (C,)]:
+        top_ks = tuple(sorted({min(k, C) for k in top_ks}))
+        run_and_compare(backend, preds, target, C=C, top_ks=top_ks, nll=True)
+    # rows read near the end of a strided view and of the storage
+    run_and_compare(backend, noncontig(preds)[-3:], target[-3:], C=C, top_ks=(1, min(5, C)))
+    run_and_compare(backend, preds[-1:], target[-1:], C=C, top_ks=(1,))
+
+
+def test_every_float16_value(backend):
+    """All 65536 float16 bit patterns as scores (the CPU kernel converts half
+    rows with its own vectorised formula): subnormals, +-0, Inf and NaN rows."""
+    if backend == "triton":
+        pytest.skip("the Triton interpreter is slow here; the bit patterns matter for the C++ conversion")
+    bits = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16)
+    preds = bits.view(torch.float16)[torch.randperm(2**16)].reshape(-1, 64)
+    finite = preds[torch.isfinite(preds).all(dim=1)]
+    for p in (preds, finite, finite[:, :37]):
+        C = p.shape[1]
+        run_and_compare(backend, p, torch.randint(0, C, (p.shape[0],)), C=C, top_ks=(1, 5), nll=True)
