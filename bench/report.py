@@ -395,6 +395,9 @@ def build(results: Path, doc: Path, plots: bool = True) -> str:
     if notes.exists():  # hand-written: where the time goes (profiles), kept next to the numbers
         sections += ["", notes.read_text().strip(), ""]
     text = "\n".join(head + sections) + f"\n_Report generated {now.strftime('%Y-%m-%d %H:%M UTC')}._\n"
+    table = [line for line in head if line.startswith("|")]
+    stamp = f"Generated {now.strftime('%Y-%m-%d %H:%M UTC')} by `bench/report.py` on: {machine()}."
+    build.readme_block = "\n".join([stamp, "", *table])
     doc = Path(doc)
     doc.parent.mkdir(parents=True, exist_ok=True)
     doc.write_text(text)
@@ -406,11 +409,34 @@ def main(argv=None) -> int:
     p.add_argument("--results", default=str(RESULTS))
     p.add_argument("--doc", default=str(DOC))
     p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--readme", default=None,
+                   help="README whose perf table to refresh ('' = none; default: README.md when --doc is the default)")
     a = p.parse_args(argv)
+    if a.readme is None:  # test runs write their doc elsewhere: they must not touch the README
+        a.readme = str(ROOT / "README.md") if Path(a.doc).resolve() == DOC.resolve() else ""
     text = build(Path(a.results), Path(a.doc), plots=not a.no_plots)
     print(text.split("## Per-step")[0])
     print(f"report: wrote {a.doc}")
+    if a.readme and update_readme(Path(a.readme), build.readme_block):
+        print(f"report: updated the performance table in {a.readme}")
     return 0
+
+
+README_START, README_END = "<!-- perf-table:start -->", "<!-- perf-table:end -->"
+
+
+def update_readme(readme: Path, block: str) -> bool:
+    """Replaces the README text between the perf-table markers by ``block``."""
+    if not readme.exists():
+        return False
+    text = readme.read_text()
+    if README_START not in text or README_END not in text:
+        print(f"report: no {README_START} ... {README_END} markers in {readme}; README not updated")
+        return False
+    head, rest = text.split(README_START, 1)
+    _, tail = rest.split(README_END, 1)
+    readme.write_text(f"{head}{README_START}\n{block}\n{README_END}{tail}")
+    return True
 
 
 if __name__ == "__main__":
