@@ -46,6 +46,7 @@ FULL_KS = (1, 2, 4, 8, 16, 32, 64)
 QUICK_KS = (1, 4, 16, 64)
 CHEAP = ("d9d", "d9d_compute", "raw_all_reduce")
 CHEAP_SAMPLES = 8
+PIN = bool(int(os.environ.get("BENCH_SYNC_PIN", "1")))
 
 
 def parse(argv=None):
@@ -77,7 +78,7 @@ def _rank_main(rank: int, world: int, a, warmup: int, repeats: int):
 
     torch.set_num_threads(1)
     cpus = sorted(os.sched_getaffinity(0))
-    if world <= len(cpus):  # one core per rank: no migrations mid-collective
+    if PIN and world <= len(cpus):  # one core per rank: no migrations mid-collective
         os.sched_setaffinity(0, {cpus[rank]})
     logits, target, loss, n = pv.update_inputs(64, pv.SYNC_C, seed=rank)
     out = []

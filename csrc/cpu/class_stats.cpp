@@ -120,21 +120,6 @@ constexpr int kLanes = 16;
 // Rows between two flushes of the int32 counters of rows_small.
 constexpr int64_t kFlushRows = int64_t(1) << 30;
 
-// topk_offer (csrc/kernels/class_stats.h) on V scores and int32 classes.
-template <class V>
-inline void offer(V* sc, int32_t* ix, int& filled, int kmax, V s, int32_t j) {
-  if (filled == kmax && !(s > sc[kmax - 1])) return;
-  int p = filled < kmax ? filled : kmax - 1;
-  while (p > 0 && s > sc[p - 1]) {
-    sc[p] = sc[p - 1];
-    ix[p] = ix[p - 1];
-    --p;
-  }
-  sc[p] = s;
-  ix[p] = j;
-  if (filled < kmax) ++filled;
-}
-
 // logsumexp(row) - row[t] in double (max = the argmax score): one exp per score.
 template <class V>
 inline double nll_of(const V* x, int64_t C, int64_t argmax, int64_t t) {
@@ -394,7 +379,7 @@ inline bool topk_scan(const V* x, int64_t C, int kmax, V* sc, int32_t* top) {
   auto take = [&](int64_t j) {  // false: NaN or +Inf
     const V v = x[j];
     if (!(v - v == V(0))) return false;
-    offer(sc, top, filled, kmax, v, static_cast<int32_t>(j));
+    topk_offer(sc, top, filled, kmax, v, static_cast<int32_t>(j));
     return true;
   };
   for (int64_t j = 0; j < full; j += kLanes) {

@@ -21,7 +21,9 @@ D9D_HD inline bool ranks_ahead(double sj, int64_t j, double si, int64_t i) {
 // Offers (s, j) to a buffer of the `filled` best so far, best first, kept to
 // `kmax` entries. Classes must be offered in increasing j: then an equal
 // score never displaces an earlier class, so `>` is the whole tie rule.
-D9D_HD inline void topk_offer(double* sc, int64_t* ix, int& filled, int kmax, double s, int64_t j) {
+// V: score type (float or double), I: class index type.
+template <class V, class I>
+D9D_HD inline void topk_offer(V* sc, I* ix, int& filled, int kmax, V s, I j) {
   if (filled == kmax && !(s > sc[kmax - 1])) return;
   int p = filled < kmax ? filled : kmax - 1;
   while (p > 0 && s > sc[p - 1]) {
