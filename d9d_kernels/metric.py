@@ -171,7 +171,8 @@ class _Storage:
         self.snaps = [{k: torch.empty_like(v) for k, v in self.local.items()} for _ in range(2)]
         self.snap_views = [[self.layout.views(b, j) for j in range(len(self.layout.stats))] for b in self.snaps]
         self.next_snap = 0
-        self.fold_bufs: dict[tuple[int, int, int], tuple] = {}  # (snapshot, world, rank) -> _folded views
+        self.fold_bufs: dict[tuple[int, int, int], list] = {}  # (snapshot, world, rank) -> _folded views
+        self.world_ranks: dict[tuple, tuple[int, int]] = {}  # ctx.cache_key -> (world size, rank)
         self.plans: dict = {}  # d9d_kernels.plan: input signature -> Plan (buffers changed: start afresh)
         self.recording: list | None = None
 
@@ -239,11 +240,14 @@ class _Storage:
         handles, folded, done = [], None, ()
         if ctx is not None:
             n_max = self.layout.sizes[MAX]
-            world = ctx.world_size if n_max else 1
+            world, rank = self._world_rank(ctx) if n_max else (1, 0)
             if n_max and n_max * world <= FOLD_MAX_ELEMS:
-                buf, sums, rows, mine = folded = self._folded(i, world, ctx.rank)
+                folded = self._folded(i, world, rank)
+                buf, sums, rows, mine, clean = folded
+                if not clean:  # normally zeroed by the last wait, after its collective
+                    rows.zero_()
+                folded[4] = False
                 sums.copy_(self.local[SUM])
-                rows.zero_()
                 mine.copy_(self.local[MAX])
                 handles.append(ctx.all_reduce(buf, "sum"))
                 done = (SUM, MAX)  # filled from the reduced buffer at wait
@@ -258,22 +262,31 @@ class _Storage:
                 snapshot[k].copy_(v)
         self.pending = _Pending(handles, i, folded)
 
-    def _folded(self, i: int, world: int, rank: int) -> tuple[torch.Tensor, ...]:
-        """``(buf, its SUM part, its [world, MAX] rows, this rank's row)``.
+    def _world_rank(self, ctx) -> tuple[int, int]:
+        """(world size, rank) of ``ctx``'s group, asked once per group."""
+        key = ctx.cache_key
+        wr = self.world_ranks.get(key)
+        if wr is None:
+            wr = self.world_ranks[key] = (ctx.world_size, ctx.rank)
+        return wr
+
+    def _folded(self, i: int, world: int, rank: int) -> list:
+        """``[buf, its SUM part, its [world, MAX] rows, this rank's row, rows are zero]``.
 
         ``buf = [SUM | world x MAX]`` goes through ONE "sum" all_reduce with
         this rank's MAX values in its own row and zeros in the others (x + 0
         is exact, NaN and +-inf included), so the reduced rows hold every
         rank's MAX values. A second gloo collective cost ~0.2 ms at world 2
         and ~4 ms at world 4 here (bench/analysis.md), far more than these
-        extra bytes. Allocated once per (snapshot, world, rank)."""
+        extra bytes. Allocated once per (snapshot, world, rank); the rows are
+        zeroed after each wait (one op less before the launch)."""
         key = (i, world, rank)
         views = self.fold_bufs.get(key)
         if views is None:
             n_sum, n_max = self.layout.sizes[SUM], self.layout.sizes[MAX]
             buf = torch.zeros(n_sum + world * n_max, dtype=torch.float64, device=self.device)
             rows = buf[n_sum:].view(world, n_max)
-            views = self.fold_bufs[key] = (buf, buf[:n_sum], rows, rows[rank])
+            views = self.fold_bufs[key] = [buf, buf[:n_sum], rows, rows[rank], True]
         return views
 
     def wait(self) -> None:
@@ -283,13 +296,18 @@ class _Storage:
         self.pending = None
         for h in p.handles:
             h.wait()
+        f = p.folded
         if p.discard:  # reset() between trigger and wait: the result is stale
+            if f is not None:
+                f[2].zero_()
+                f[4] = True
             return
         snapshot = self.snaps[p.snapshot]
-        if p.folded is not None:
-            _, sums, rows, _ = p.folded
-            snapshot[SUM].copy_(sums)
-            torch.amax(rows, dim=0, out=snapshot[MAX])
+        if f is not None:
+            snapshot[SUM].copy_(f[1])
+            torch.amax(f[2], dim=0, out=snapshot[MAX])
+            f[2].zero_()
+            f[4] = True
         self.synced = snapshot
         self.synced_views = self.snap_views[p.snapshot]
         self.dirty = False

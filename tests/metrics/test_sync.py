@@ -234,3 +234,33 @@ def test_pivots_aligned_across_ranks(count_run):
         assert f == pytest.approx(math.fsum(first) / len(first), rel=1e-15)
         assert s == pytest.approx(math.fsum(second) / len(second), rel=1e-15)
         assert piv[0] == out[0][2][0] == 1e9 + 1e3 + 7.0  # lowest rank that had one: rank 1
+
+
+def _fold_reset_worker(rank, world):
+    g = dk.MetricGroup({"peak": dk.MaxMetric(), "low": dk.MinMetric(), "n": dk.SumMetric()})
+    out = []
+    for step, (hi, lo) in enumerate([(10.0, -10.0), (1.0, -1.0), (2.0, -2.0)]):
+        g.reset()
+        g["peak"].update(torch.tensor([hi * (rank + 1)]))
+        g["low"].update(torch.tensor([lo * (rank + 1)]))
+        g["n"].update(1.0)
+        if step == 1:  # a sync discarded by reset() must not leak into the next one
+            g.trigger_sync()
+            g.reset()
+            g.wait_sync()
+            g["peak"].update(torch.tensor([hi * (rank + 1)]))
+            g["low"].update(torch.tensor([lo * (rank + 1)]))
+            g["n"].update(1.0)
+        g.trigger_sync()
+        g.wait_sync()
+        out.append({k: v.item() for k, v in g.compute().items()})
+    return out
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_folded_max_after_reset_sees_only_new_values(world):
+    """The folded MAX rows are reused across syncs: stale rows (an earlier
+    sync, a discarded one) must never reach a later result."""
+    for per_rank in run_distributed(_fold_reset_worker, world):
+        for (hi, lo), got in zip([(10.0, -10.0), (1.0, -1.0), (2.0, -2.0)], per_rank):
+            assert got == {"peak": hi * world, "low": lo * world, "n": float(world)}
