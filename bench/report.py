@@ -248,10 +248,12 @@ def update_section(rows, targets: list) -> list[str]:
 def sync_section(rows, targets: list) -> list[str]:
     lines = ["## Sync latency with gloo (`bench/bench_sync.py`)", "",
              "K metrics (mix of mean, sum, max, min, accuracy and macro F1 on 10 classes), spawned "
-             "gloo ranks on 127.0.0.1, one intra-op thread each, rank 0's median. `d9d` = "
+             "gloo ranks on 127.0.0.1, one intra-op thread and one core each, rank 0's median; "
+             "every sample follows an untimed group update and a barrier. `d9d` = "
              "trigger_sync + wait_sync; `d9d (sync+compute)` adds compute(), comparable with the "
              "peers whose sync cannot be separated from compute; `raw` = one `dist.all_reduce` of our "
-             "packed state's bytes. World 4 runs 4 processes on this machine's 2 cores: its figures "
+             "packed state's bytes (SUM + MAX; ours also carries the MAX rows of the other ranks), "
+             "after the same update as `d9d`. World 4 runs 4 processes on this machine's 2 cores: its figures "
              "include scheduling, not only communication.", ""]
     idx = _index(rows, lambda r: (r["provider"], r["_shape"]["world"], r["_shape"]["K"]))
     provs = [p for p in ("d9d", "d9d_compute", "torchmetrics", "torcheval", "raw_all_reduce") if any(k[0] == p for k in idx)]
