@@ -342,7 +342,8 @@ def generic_section(name: str, rows) -> list[str]:
     return lines
 
 
-def build(results: Path, doc: Path, plots: bool = True) -> str:
+def build(results: Path, doc: Path, plots: bool = True) -> tuple[str, str]:
+    """Writes ``doc``; returns its text and the README block (stamp + targets table)."""
     results = Path(results)
     sections, targets, pngs = [], [], []
     known = {"bench_update": (update_section, plot_update), "bench_sync": (sync_section, plot_sync),
@@ -399,11 +400,11 @@ def build(results: Path, doc: Path, plots: bool = True) -> str:
     text = "\n".join(head + sections) + f"\n_Report generated {now.strftime('%Y-%m-%d %H:%M UTC')}._\n"
     table = [line for line in head if line.startswith("|")]
     stamp = f"Generated {now.strftime('%Y-%m-%d %H:%M UTC')} by `bench/report.py` on: {machine()}."
-    build.readme_block = "\n".join([stamp, "", *table])
+    readme_block = "\n".join([stamp, "", *table])
     doc = Path(doc)
     doc.parent.mkdir(parents=True, exist_ok=True)
     doc.write_text(text)
-    return text
+    return text, readme_block
 
 
 def main(argv=None) -> int:
@@ -416,10 +417,10 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     if a.readme is None:  # test runs write their doc elsewhere: they must not touch the README
         a.readme = str(ROOT / "README.md") if Path(a.doc).resolve() == DOC.resolve() else ""
-    text = build(Path(a.results), Path(a.doc), plots=not a.no_plots)
+    text, readme_block = build(Path(a.results), Path(a.doc), plots=not a.no_plots)
     print(text.split("## Per-step")[0])
     print(f"report: wrote {a.doc}")
-    if a.readme and update_readme(Path(a.readme), build.readme_block):
+    if a.readme and update_readme(Path(a.readme), readme_block):
         print(f"report: updated the performance table in {a.readme}")
     return 0
 

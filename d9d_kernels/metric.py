@@ -249,14 +249,13 @@ class _Storage:
                 folded[4] = False
                 sums.copy_(self.local[SUM])
                 mine.copy_(self.local[MAX])
-                handles.append(ctx.all_reduce(buf, "sum"))
-                done = (SUM, MAX)  # filled from the reduced buffer at wait
+                handles.append(ctx.all_reduce(buf, "sum"))  # SUM, MAX filled from it at wait
             else:
                 for kind, op in ((SUM, "sum"), (MAX, "max")):
                     if snapshot[kind].numel():
                         snapshot[kind].copy_(self.local[kind])
                         handles.append(ctx.all_reduce(snapshot[kind], op))
-                done = (SUM, MAX)
+            done = (SUM, MAX)
         for k, v in self.local.items():
             if k not in done:
                 snapshot[k].copy_(v)
