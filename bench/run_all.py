@@ -21,9 +21,9 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-BENCHES = ("kernels", "update", "sync", "training")
+BENCHES = ("kernels", "update", "sync", "ring", "training")
 # seconds allowed per benchmark in --quick mode (sum < 10 min with the report)
-QUICK_LIMIT = {"kernels": 180, "update": 150, "sync": 120, "training": 120}
+QUICK_LIMIT = {"kernels": 180, "update": 150, "sync": 120, "ring": 60, "training": 120}
 
 
 def parse(argv=None):

@@ -39,7 +39,7 @@ def tiny_run(tmp_path_factory):
     doc = out / "performance.md"
     proc = subprocess.run(
         [sys.executable, str(BENCH / "run_all.py"), "--tiny", "--results", str(out), "--doc", str(doc),
-         "--only", "update", "sync", "training"],
+         "--only", "update", "sync", "ring", "training"],
         cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=900,
     )
     assert proc.returncode == 0, f"run_all --tiny failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
@@ -52,6 +52,7 @@ def tiny_run(tmp_path_factory):
     ("update", set(pv.UPDATE_PROVIDERS)),
     ("sync", {"d9d", "d9d_compute", "torchmetrics", "torcheval", "raw_all_reduce"}),
     ("training", {"none", "d9d", "torchmetrics", "torchmetrics_fast"}),
+    ("ring", {"raw_all_reduce"}),
 ])
 def test_csv_well_formed(tiny_run, name, providers):
     out, _ = tiny_run
@@ -127,3 +128,23 @@ def test_sync_providers_agree():
         for p in ("d9d", "torcheval"):
             for k, v in r["torchmetrics"].items():
                 assert abs(r[p][k] - v) <= 1e-5 * max(1, abs(v)), (p, k, r[p][k], v)
+
+
+def _gloo_ring_segments(elems: int, world: int, elem_size: int = 8) -> int:
+    """gloo/allreduce.cc's segment arithmetic in bytes, transcribed: segments with a positive length."""
+    def round_up(v, m):
+        return (v + m - 1) // m * m
+
+    total = elems * elem_size
+    seg_bytes = round_up((total + 2 * world - 1) // (2 * world), elem_size)
+    num = round_up(max((total + seg_bytes - 1) // seg_bytes, 2 * world), world)
+    return sum(1 for i in range(num) if total - i * seg_bytes > 0)
+
+
+@pytest.mark.parametrize("world", [2, 3, 4, 8])
+def test_ring_segments_follow_gloo(world):
+    """bench_ring's element-level segment count equals gloo's byte-level rule."""
+    import bench_ring
+
+    for e in list(range(1, 300)) + [319, 1024, 4096]:
+        assert bench_ring.ring_segments(e, world) == _gloo_ring_segments(e, world), (e, world)
