@@ -33,6 +33,7 @@ __all__ = [
     "MOMENTS_SIZE",
     "weighted_moments",
     "class_stats",
+    "valid_score_rows",
     "binary_stats",
     "score_histogram",
     "running_extrema",
@@ -149,6 +150,15 @@ def weighted_moments(
     state.add_(s)
 
 
+def valid_score_rows(scores: torch.Tensor) -> torch.Tensor:
+    """``[...]`` bool from scores ``[..., C]``: no NaN or +Inf, and not only -Inf.
+
+    -Inf is a masked logit (probability 0, ranked last): language models mask
+    vocabulary entries that way, so such rows stay valid.
+    """
+    return (scores < float("inf")).all(dim=-1) & (scores > float("-inf")).any(dim=-1)
+
+
 def _class_scores_valid(preds, target, valid, num_classes, ignore_index):
     """Returns (valid rows, bad rows) for class_stats."""
     keep = valid.clone()
@@ -156,7 +166,7 @@ def _class_scores_valid(preds, target, valid, num_classes, ignore_index):
         keep = keep & (target != ignore_index)
     in_range = (target >= 0) & (target < num_classes)
     if preds.is_floating_point():
-        in_range = in_range & torch.isfinite(preds).all(dim=-1) if preds.numel() else in_range
+        in_range = in_range & valid_score_rows(preds) if preds.numel() else in_range
     else:
         in_range = in_range & (preds >= 0) & (preds < num_classes)
     return keep & in_range, keep & ~in_range
@@ -198,7 +208,9 @@ def class_stats(
         extras: float64 ``[2]``: ``[0]`` += valid rows, ``[1]`` += NLL sum.
         bad: float64 ``[1]``; += rows (kept by mask/ignore_index) whose target
             is outside ``[0, C)``, whose index pred is outside ``[0, C)``, or
-            whose scores hold a NaN/Inf. Bad rows change nothing else.
+            whose scores hold a NaN or +Inf or are all -Inf (``valid_score_rows``:
+            -Inf alone is a masked logit, ranked last; a -Inf target score
+            gives an infinite NLL). Bad rows change nothing else.
     """
     C = num_classes
     target = target.reshape(-1).to(torch.int64)

@@ -208,6 +208,7 @@ void rows_small(const Args& a, const Out& o, const T* preds, int64_t rs, const T
   constexpr int P = L::P;
   const int C = static_cast<int>(a.C);
   const int K = a.K;
+  constexpr V inf = std::numeric_limits<V>::infinity();
   Mask idx[U], live[U], init[U];
   for (int u = 0; u < U; ++u) {
     for (int l = 0; l < P; ++l) idx[u][l] = u * P + l;
@@ -244,21 +245,22 @@ void rows_small(const Args& a, const Out& o, const T* preds, int64_t rs, const T
         x = conv;
       }
       Vec s[U];
-      Mask r[U], nonfinite{};
+      Mask r[U], nonfinite{}, unmasked{};
       for (int u = 0; u < U; ++u) {
         const Vec v = load_as(row + u * P);
         if constexpr (!std::is_same_v<T, V>) std::memcpy(conv + u * P, &v, sizeof v);
-        nonfinite |= ~(v - v == Vec{}) & live[u];
+        nonfinite |= ~(v < splat(inf)) & live[u];  // NaN or +Inf (score_ok)
+        unmasked |= (v > splat(-inf)) & live[u];    // a row of only -Inf is bad too
         s[u] = v;
         r[u] = init[u];
       }
-      if (any_lane(nonfinite)) {
+      if (any_lane(nonfinite) || !any_lane(unmasked)) {
         o.bad[0] += 1.0;
         return;
       }
       int64_t argmax;
       if (a.kmax == 1) {  // top_ks = [1]: the first lane holding the row max, counted in place
-        Vec m = live[0] ? s[0] : splat(-std::numeric_limits<V>::infinity());
+        Vec m = live[0] ? s[0] : splat(-inf);
         for (int u = 1; u < U; ++u) m = (live[u] & (s[u] > m)) ? s[u] : m;
         V best = m[0];
         for (int l = 1; l < P; ++l) best = m[l] > best ? m[l] : best;
@@ -314,15 +316,17 @@ void rows_small(const Args& a, const Out& o, const T* preds, int64_t rs, const T
 }
 
 // The kmax best classes of a row of C > kSmallC scores (kmax <= kTopKBuffer)
-// in two passes. Pass 1 keeps the max and min of each lane column (j mod
-// kLanes): a -Inf shows in a column min, and the kmax-th largest column max
-// `lo` is <= the kmax-th best score (the column maxima are kmax distinct
-// elements). Pass 2 offers, in class order, only the scores >= lo: a block
-// of kLanes with none is skipped after one vector test, which also flags
-// NaN/+Inf (!(v < lo)). At C = 1000, k = 5: ~6 of 63 blocks, ~6 offers.
-// A NaN may leave a column max of fewer scores or NaN, so `lo` too high:
-// harmless, as pass 2 never skips the NaN and the row is bad.
-// Returns false for a row with a NaN/Inf; else top[0..kmax) best first.
+// in two passes. Pass 1 keeps the max of each lane column (j mod kLanes):
+// the kmax-th largest column max `lo` is <= the kmax-th best score (the
+// column maxima are kmax distinct elements). Pass 2 offers, in class order,
+// only the scores >= lo: a block of kLanes with none is skipped after one
+// vector test, which also flags NaN/+Inf (!(v < lo)). At C = 1000, k = 5:
+// ~6 of 63 blocks, ~6 offers. A NaN may leave a column max of fewer scores
+// or NaN, so `lo` too high: harmless, as pass 2 never skips the NaN and the
+// row is bad. -Inf scores (masked logits) are valid: skipped like any score
+// below lo, else offered (lo = -Inf).
+// Returns false for a row with a NaN/+Inf or only -Inf; else top[0..kmax)
+// best first.
 template <class V>
 inline bool topk_scan(const V* x, int64_t C, int kmax, V* sc, int32_t* top) {
   using L = Lanes<V>;
@@ -330,34 +334,25 @@ inline bool topk_scan(const V* x, int64_t C, int kmax, V* sc, int32_t* top) {
   using Mask = typename L::Mask;
   constexpr int P = L::P, U = kLanes / P;
   constexpr V inf = std::numeric_limits<V>::infinity();
-  Vec mx[U], mn[U];
-  for (int u = 0; u < U; ++u) {
-    mx[u] = splat(-inf);
-    mn[u] = splat(inf);
-  }
+  Vec mx[U];
+  for (int u = 0; u < U; ++u) mx[u] = splat(-inf);
   const int64_t full = C - C % kLanes;
   for (int64_t j = 0; j < full; j += kLanes) {
     for (int u = 0; u < U; ++u) {
       const Vec v = load_vec(x + j + u * P);
-      mx[u] = mx[u] > v ? mx[u] : v;  // maxps/minps in place. A NaN v replaces the
-      mn[u] = mn[u] < v ? mn[u] : v;  // max/min: still a max of distinct scores
+      mx[u] = mx[u] > v ? mx[u] : v;  // maxps in place. A NaN v replaces the max:
+                                      // still a max of distinct scores
     }
   }
-  if (full < C) {  // the tail, padded with NaN, which these forms skip
+  if (full < C) {  // the tail, padded with NaN, which this form skips
     V tail[kLanes];
     std::fill(tail, tail + kLanes, std::numeric_limits<V>::quiet_NaN());
     std::copy(x + full, x + C, tail);
     for (int u = 0; u < U; ++u) {
       const Vec v = load_vec(tail + u * P);
       mx[u] = v > mx[u] ? v : mx[u];
-      mn[u] = v < mn[u] ? v : mn[u];
     }
   }
-  Vec m = mn[0];
-  for (int u = 1; u < U; ++u) m = mn[u] < m ? mn[u] : m;
-  bool neg_inf = false;
-  for (int l = 0; l < P; ++l) neg_inf |= m[l] == -inf;
-  if (neg_inf) return false;
   V lo = -inf;
   if (kmax <= kLanes) {  // lo = the smallest column max with fewer than kmax maxima above it
     V cm[kLanes];
@@ -378,7 +373,7 @@ inline bool topk_scan(const V* x, int64_t C, int kmax, V* sc, int32_t* top) {
   Vec vlo = splat(lo);
   auto take = [&](int64_t j) {  // false: NaN or +Inf
     const V v = x[j];
-    if (!(v - v == V(0))) return false;
+    if (!(v < inf)) return false;  // score_ok
     topk_offer(sc, top, filled, kmax, v, static_cast<int32_t>(j));
     return true;
   };
@@ -402,7 +397,7 @@ inline bool topk_scan(const V* x, int64_t C, int kmax, V* sc, int32_t* top) {
   for (int64_t j = full; j < C; ++j) {
     if (!(x[j] < lo) && !take(j)) return false;
   }
-  return true;
+  return sc[0] > -inf;  // the row max is always offered (>= lo)
 }
 
 template <class V, class T>
@@ -427,9 +422,12 @@ void rows_sort(const Args& a, const Out& o, const T* preds, int64_t rs, const T*
   const int64_t C = a.C;
   std::vector<int64_t> order(C);
   for_rows<V>(a, o, preds, rs, end, 0, tg, ms, has_m, b, e, [&](int64_t i, int64_t t, const V* x) {
-    int nonfinite = 0;
-    for (int64_t j = 0; j < C; ++j) nonfinite |= !(x[j] - x[j] == V(0));
-    if (nonfinite) {
+    bool ok = true, unmasked = false;
+    for (int64_t j = 0; j < C; ++j) {
+      ok &= score_ok(x[j]);
+      unmasked |= x[j] > -std::numeric_limits<V>::infinity();
+    }
+    if (!ok || !unmasked) {
       o.bad[0] += 1.0;
       return;
     }
@@ -454,7 +452,8 @@ void rows_small_dispatch(const Args& a, const Out& o, const T* preds, int64_t rs
   rows_small<V, U>(a, o, preds, rs, end, tg, ms, has_m, b, e);
 }
 
-// C = 1 (top_ks = [1]): every finite row is a hit on class 0, its NLL 0
+// C = 1 (top_ks = [1]): every finite row is a hit on class 0, its NLL 0 (a
+// -Inf row is all masked: bad, as a NaN/+Inf one)
 // (rows_small cost 6.0 -> 7.7 ns/row on [16384, 1]).
 template <class V, class T>
 void rows_one(const Args& a, const Out& o, const T* preds, int64_t rs, const T* end, const Strided1<int64_t>& tg,

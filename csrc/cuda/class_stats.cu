@@ -1,7 +1,7 @@
 // class_stats on CUDA.
 //  * index preds: one thread per row; counts in a per-block shared-memory
 //    histogram (stats [3, C] + confmat [C, C]) when it fits, else global atomics.
-//  * score rows: one warp per row. Pass 0 over the row checks finiteness,
+//  * score rows: one warp per row. Pass 0 over the row checks validity,
 //    folds the online log-sum-exp and selects the best class; top-k takes
 //    k - 1 more selection passes ("best class ranked behind the previous
 //    pick", the tie rule of ranks_ahead), so no per-row sort or buffer is
@@ -107,19 +107,20 @@ __global__ void scores_kernel(Rows r, const T* preds, int64_t row_stride, TopKs 
       continue;
     }
     const T* row = preds + i * row_stride;
-    // pass 0: finiteness, online lse, best class
+    // pass 0: validity (no NaN/+Inf, not all -Inf), online lse, best class
     bool finite = true;
     Lse l = lse_init();
     double bs = 0.0;
     int64_t bj = -1;
     for (int64_t j = lane; j < C; j += kWarp) {
       const double v = static_cast<double>(row[j]);
-      finite &= is_finite(v);
+      finite &= score_ok(v);
       if (nll) lse_add(l, v);
       pick_better(bs, bj, v, j);
     }
     finite = __all_sync(0xffffffffu, finite);
-    if (!finite) {
+    warp_pick(bs, bj);  // every lane: the row's best (bs = -Inf: all scores masked)
+    if (!finite || bs == -INFINITY) {
       if (lane == 0) atomicAdd(o.bad, 1.0);
       continue;
     }
@@ -129,7 +130,6 @@ __global__ void scores_kernel(Rows r, const T* preds, int64_t row_stride, TopKs 
         lse_merge(l, other);
       }
     }
-    warp_pick(bs, bj);
     int rank_t = kmax;
     const int64_t argmax = bj;
     for (int rk = 0; rk < kmax; ++rk) {

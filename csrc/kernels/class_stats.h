@@ -7,6 +7,10 @@
 
 namespace d9d {
 
+// A score row is valid when it holds no NaN or +Inf and not only -Inf: -Inf
+// is a masked logit (probability 0), ranked last, ties to the lower index.
+D9D_HD inline bool score_ok(double v) { return v < INFINITY; }
+
 // Largest max(top_ks) kept in a per-row insertion buffer; larger k sort the row.
 constexpr int kTopKBuffer = 64;
 
@@ -45,6 +49,7 @@ struct Lse {
 D9D_HD inline Lse lse_init() { return Lse{-INFINITY, 0.0}; }
 
 D9D_HD inline void lse_add(Lse& a, double v) {
+  if (v == -INFINITY) return;  // a masked logit: exp(-inf) = 0 (and -inf - -inf would be NaN)
   if (v > a.m) {
     a.s = a.s * exp(a.m - v) + 1.0;
     a.m = v;

@@ -18,25 +18,33 @@ import torch
 from d9d_kernels import ops
 from d9d_kernels.ops._common import as_index
 from d9d_kernels.ops._dispatch import FLOATS, pick
+from d9d_kernels.reference import valid_score_rows
 from d9d_kernels.metrics.statistic import SUM, Slot, Statistic
 
 __all__ = ["ClassStatistic", "nonfinite_rows"]
 
 
 def nonfinite_rows(
-    preds: torch.Tensor, target: torch.Tensor, mask: torch.Tensor | None, ignore_index: int | None, row_dims: int
+    preds: torch.Tensor, target: torch.Tensor, mask: torch.Tensor | None, ignore_index: int | None, row_dims: int,
+    class_rows: bool = False,
 ) -> torch.Tensor:
     """Float64 ``[1]``: rows (the leading ``row_dims`` dims of ``preds``) with a
     NaN/Inf score, among those kept by ``mask`` and ``ignore_index``.
 
     Separates NaN input from out-of-range targets, which the kernels count in
-    one ``bad`` slot, so that ``nan_strategy`` applies to NaN only.
+    one ``bad`` slot, so that ``nan_strategy`` applies to NaN only. With
+    ``class_rows`` (class_stats score rows) the kernels' rule applies instead:
+    -Inf is a masked logit, a row is non-finite when it holds a NaN or +Inf or
+    only -Inf (``reference.valid_score_rows``).
     """
     keep = None if mask is None else torch.broadcast_to(mask, target.shape)
     if ignore_index is not None:
         ig = target != ignore_index
         keep = ig if keep is None else keep & ig
-    bad = ~torch.isfinite(preds)
+    if class_rows and preds.dim() > row_dims:
+        bad = ~valid_score_rows(preds.flatten(row_dims))
+    else:
+        bad = ~torch.isfinite(preds)
     if bad.dim() > row_dims:
         bad = bad.flatten(row_dims).any(-1)
     if keep is not None:
@@ -136,7 +144,7 @@ class ClassStatistic(Statistic):
             nll=self.nll,
         )
         if self.count_nonfinite and preds.is_floating_point():
-            state["nonfinite"].add_(nonfinite_rows(preds, target, mask, self.ignore_index, target.dim()))
+            state["nonfinite"].add_(nonfinite_rows(preds, target, mask, self.ignore_index, target.dim(), class_rows=True))
 
     def bind(self, sample: dict):
         """The raw ``class_stats`` op when ``sample`` needs no reshaping:

@@ -14,6 +14,8 @@ defaults included (``average="micro"``, JaccardIndex ``"macro"``), plus
 
 * ``"error"`` (default): ``compute()`` raises ``ValueError`` with the count of
   bad rows (class index out of range, NaN/Inf scores); bad rows are left out.
+  Multiclass score rows: ``-inf`` is a masked logit (ranked last), not bad;
+  a row with NaN, ``+inf`` or only ``-inf`` is.
 * ``"ignore"``: rows with NaN/Inf scores are left out silently; out-of-range
   indices still raise.
 * ``"propagate"``: the result is NaN when a NaN/Inf score was seen;

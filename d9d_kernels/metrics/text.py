@@ -54,7 +54,7 @@ class NLLStatistic(Statistic):
         ops.class_stats(preds, target, mask, num_classes=V, stats=scratch, extras=state["extras"], bad=state["bad"],
                         ignore_index=self.ignore_index, top_ks=(1,), nll=True)
         if self.count_nonfinite:
-            state["nonfinite"].add_(nonfinite_rows(preds, target, mask, self.ignore_index, target.dim()))
+            state["nonfinite"].add_(nonfinite_rows(preds, target, mask, self.ignore_index, target.dim(), class_rows=True))
 
     def view(self, state, need):
         out = {"extras": state["extras"], "bad": state["bad"]}

@@ -7,7 +7,8 @@ Two kernels:
 * ``_scores_kernel`` (preds are scores ``[N, C]``): one program per
   ``BLOCK_N`` rows reads each row once, in ``BLOCK_C`` tiles, and carries per
   row: the top-``KMAX`` (value, index) pairs in rank order, the
-  "all finite" flag and, for the NLL, an online log-sum-exp (running max and
+  count of NaN/+Inf scores (a row of them, or of only -Inf, is bad; -Inf is a
+  masked logit, ranked last) and, for the NLL, an online log-sum-exp (running max and
   rescaled sum of exp; no softmax tensor). Ranks follow the reference's total
   order: j ranks ahead of i iff ``s_j > s_i or (s_j == s_i and j < i)``; the
   top-k merge picks, ``KMAX`` times, the best (tile + carried) candidate
@@ -96,8 +97,9 @@ def _scores_kernel(s_ptr, t_ptr, m_ptr, ks_ptr, stats_ptr, confmat_ptr, extras_p
         cols = (c0 + tl.arange(0, BLOCK_C)).to(tl.int64)[None, :]
         ld = inb[:, None] & (cols < C)
         x = tl.load(s_ptr + rows[:, None] * C + cols, mask=ld, other=0).to(tl.float64)
-        n_bad += tl.sum((ld & ~finite(x)).to(tl.int32), 1)
-        x = tl.where(ld & finite(x), x, -float("inf"))  # padding never outranks a real (finite) score
+        n_bad += tl.sum((ld & ~(x < float("inf"))).to(tl.int32), 1)  # NaN, +Inf
+        # padding (and a bad row's NaN/+Inf) as -Inf; a real -Inf keeps its lower index
+        x = tl.where(ld & finite(x), x, -float("inf"))
         cols = tl.where(ld, cols, BIG)
         bv, bi = _merge_topk(bv, bi, x, cols, KMAX, KP, BIG)
         if NLL:
@@ -105,7 +107,7 @@ def _scores_kernel(s_ptr, t_ptr, m_ptr, ks_ptr, stats_ptr, confmat_ptr, extras_p
             safe = tl.where(new_mx == -float("inf"), 0.0, new_mx)
             se = se * tl.exp(mx - safe) + tl.sum(tl.exp(x - safe[:, None]), 1)
             mx = new_mx
-    ok = keep & t_in & (n_bad == 0)
+    ok = keep & t_in & (n_bad == 0) & (tl.max(bv, 1) > -float("inf"))  # not all -Inf
     t = tl.where(ok, t, 0)
     tl.atomic_add(bad_ptr, tl.sum((keep & ~ok).to(tl.float64), 0))
     tl.atomic_add(extras_ptr, tl.sum(ok.to(tl.float64), 0))

@@ -130,3 +130,44 @@ def test_errors():
     with pytest.raises(ValueError, match="1 invalid"):
         m.compute()
     assert dk.Perplexity().compute().item() == 0.0  # nothing seen
+
+
+@pytest.mark.parametrize("nan_strategy", ["error", "ignore", "propagate"])
+@pytest.mark.parametrize("grouped", [False, True])
+def test_masked_vocabulary_matches_torchmetrics(nan_strategy, grouped):
+    """A vocabulary masked with -inf logits (never the target) is valid input,
+    alone and grouped with token accuracy: perplexity equals torchmetrics',
+    accuracy torchmetrics' top-1/top-5, under every nan_strategy."""
+    from torchmetrics.classification import MulticlassAccuracy
+
+    g = torch.Generator().manual_seed(7)
+    B, T, V = 2, 9, 50
+    logits = torch.randn(B, T, V, generator=g)
+    target = torch.randint(0, V, (B, T), generator=g)
+    target[0, :2] = -100
+    vocab_mask = torch.rand(B, T, V, generator=g) < 0.6
+    vocab_mask.scatter_(-1, target.clamp(min=0)[..., None], False)
+    logits = logits.masked_fill(vocab_mask, float("-inf"))
+    if grouped:
+        g_ = dk.MetricGroup({
+            "ppl": dk.Perplexity(ignore_index=-100, num_classes=V, nan_strategy=nan_strategy),
+            "acc": dk.Accuracy(task="multiclass", num_classes=V, ignore_index=-100, nan_strategy=nan_strategy),
+            "top5": dk.Accuracy(task="multiclass", num_classes=V, top_k=5, ignore_index=-100,
+                                nan_strategy=nan_strategy),
+        })
+        g_.update(preds=logits, target=target)
+        out = g_.compute()
+        for k, tm in (("acc", MulticlassAccuracy(V, average="micro", ignore_index=-100)),
+                      ("top5", MulticlassAccuracy(V, top_k=5, average="micro", ignore_index=-100))):
+            tm.update(logits.reshape(-1, V), target.reshape(-1))
+            np.testing.assert_allclose(out[k].item(), tm.compute().item(), rtol=1e-6)
+        ppl = out["ppl"]
+    else:
+        m = dk.Perplexity(ignore_index=-100, nan_strategy=nan_strategy)
+        m.update(logits, target)
+        ppl = m.compute()
+    tm = TMPerplexity(ignore_index=-100)
+    tm.update(logits, target)
+    want = tm.compute().item()
+    assert np.isfinite(want)
+    np.testing.assert_allclose(ppl.item(), want, rtol=1e-5)

@@ -66,7 +66,7 @@ def test_ties_follow_lower_index_first(backend):
 
 def test_bad_rows(backend):
     C = 9
-    preds = sprinkle(torch.randn(200, C), 0.02)
+    preds = sprinkle(torch.randn(200, C), 0.02, values=(float("nan"), float("inf")))  # -inf: test_masked_logits
     target = torch.randint(-3, C + 3, (200,))
     target[:5] = 10**12  # huge ids
     target[5:10] = -(10**12)
@@ -312,3 +312,40 @@ def test_every_float16_value(backend):
     for p in (preds, finite, finite[:, :37]):
         C = p.shape[1]
         run_and_compare(backend, p, torch.randint(0, C, (p.shape[0],)), C=C, top_ks=(1, 5), nll=True)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("C", [7, 32, 100, 1003])
+def test_masked_logits(backend, dtype, C):
+    """-Inf is a masked logit (language models mask vocabulary that way): the
+    row stays valid, the masked classes rank last (ties: lower index), the
+    NLL equals torch's cross_entropy; a row of only -Inf is bad and a -Inf
+    target score gives an infinite NLL."""
+    if C > 100 and backend == "triton":
+        pytest.skip("~17 s in the Triton interpreter; C = 100 covers its row loop")
+    g = torch.Generator().manual_seed(C)
+    n = 40
+    logits = torch.randn(n, C, generator=g, dtype=torch.float64) * 3
+    masked = torch.rand(n, C, generator=g) < torch.linspace(0.05, 0.97, n)[:, None]  # light to heavy masking
+    target = torch.randint(0, C, (n,), generator=g)
+    masked[torch.arange(n), target] = False  # the target itself is never masked here
+    preds = logits.masked_fill(masked, float("-inf")).to(dtype)
+    top_ks = tuple(sorted({1, min(5, C), min(17, C)}))
+    got = run_and_compare(backend, preds, target, C=C, top_ks=top_ks, nll=True)
+    assert got[3].item() == 0 and got[2][0].item() == n  # no row is bad
+    # independent references: cross_entropy for the NLL, argmax for top-1
+    want_nll = torch.nn.functional.cross_entropy(preds.double(), target, reduction="sum")
+    torch.testing.assert_close(got[2][1], want_nll, rtol=1e-9, atol=1e-9)
+    hits = (preds.double().argmax(dim=1) == target).double().sum()
+    assert got[0][0, 0].sum().item() == hits.item()
+    # a row of only -Inf is bad and changes nothing else; masked ones rank last, in index order
+    rows = torch.full((3, C), float("-inf"), dtype=dtype)
+    rows[1, C // 2] = 0.0  # one live class: rank 0; the masked ones follow as 0, 1, 2, ...
+    got = run_and_compare(backend, rows, torch.tensor([0, C - 1, 1]), C=C, top_ks=(1, min(3, C)), nll=True)
+    assert got[3].item() == 2 and got[2][0].item() == 1
+    # a masked target: the row counts, its NLL is +Inf (cross_entropy agrees)
+    preds2 = preds.clone()
+    preds2[0, target[0]] = float("-inf")
+    got = run_and_compare(backend, preds2, target, C=C, top_ks=(1,), nll=True)
+    assert got[3].item() == 0 and got[2][1].item() == float("inf")
+    assert torch.nn.functional.cross_entropy(preds2.double(), target, reduction="sum").item() == float("inf")
