@@ -185,3 +185,17 @@ def test_cuda_matches_reference(dtype, kind, shape, B, multiclass):
                            ignore_index=-1, input_kind=kind, backend="cuda")
     assert_counts_equal(got[0].cpu(), want[0], "hist")
     assert_counts_equal(got[1].cpu(), want[1], "bad")
+
+
+@pytest.mark.parametrize("B", [7, 10, 1000])
+def test_bin_edges(backend, B):
+    """Scores on and next to every bin edge k / B (and -0.0, tiny negatives,
+    1.0, just above 1): the kernels' truncating bin index equals the
+    reference's clamp(floor(p * B), 0, B - 1)."""
+    edges = torch.arange(B + 1, dtype=torch.float64) / B
+    p = torch.cat([edges, torch.nextafter(edges, torch.tensor(2.0, dtype=torch.float64)),
+                   torch.nextafter(edges, torch.tensor(-1.0, dtype=torch.float64)),
+                   torch.tensor([-0.0, -1e-300, 1.0 + 1e-12, 5e-324])])
+    target = torch.randint(0, 2, p.shape)
+    got = run_and_compare(backend, p, target, B=B, input_kind=reference.INPUT_PROBS)
+    assert got[0].sum().item() == p.numel()
