@@ -228,7 +228,9 @@ def test_cuda_matches_reference(dtype, n, C, top_ks):
     preds = sprinkle(torch.randint(0, 8, (n, C)).to(dtype), 0.002)  # ties and a few bad rows
     target = torch.randint(-1, C + 1, (n,))
     mask = torch.rand(n) > 0.1
-    for p, ks, nll in ((preds, top_ks, True), (torch.randint(-1, C + 1, (n,)), (1,), False)):
+    masked = torch.randn(n, C).masked_fill(torch.rand(n, C) < 0.6, float("-inf")).to(dtype)  # masked logits
+    masked[: max(1, n // 50)] = float("-inf")  # rows of only -inf: bad
+    for p, ks, nll in ((preds, top_ks, True), (masked, top_ks, True), (torch.randint(-1, C + 1, (n,)), (1,), False)):
         want = [f64(len(ks), 3, C), f64(C, C), f64(2), f64(1)]
         reference.class_stats(p, target, mask, C, -1, list(ks), nll, *want)
         got = [t.cuda() for t in (f64(len(ks), 3, C), f64(C, C), f64(2), f64(1))]
