@@ -54,6 +54,10 @@ def recenter_moments(moments: torch.Tensor, old: torch.Tensor, new: torch.Tensor
     )
 
 
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
 def as_tensor(v, device: torch.device) -> torch.Tensor:
     """A tensor as is; a Python number as a float64 0-d tensor made by a fill
     kernel on ``device`` (no host->device copy, no sync)."""
@@ -124,6 +128,8 @@ class MomentsStatistic(Statistic):
         float64; the kernel computes in float64, so results equal the checked
         path's). WeightedMeanMetric.update(loss, weights=n): 16 -> ~5 us."""
         x, y, w, mask = (sample.get(k) for k in ("x", "y", "weights", "mask"))
+        if _number(x) and y is None and mask is None and (w is None or _number(w)):
+            return self._bind_numbers(w is not None)
         if not isinstance(x, torch.Tensor) or x.dtype not in FLOATS:
             return super().bind(sample)
         same = lambda t: t is None or (  # noqa: E731
@@ -161,6 +167,35 @@ class MomentsStatistic(Statistic):
             if mask is not None:
                 mask = mask.reshape(-1)
             op(x, y, w, mask, skip_bad, state["moments"], state["bad"], state["pivot"])
+
+        return run
+
+    def _bind_numbers(self, weighted: bool):
+        """``x`` (and ``weights``) Python numbers, e.g. ``SumMetric.update(float(n))``:
+        each new value filled once as a float64 ``[1]`` tensor on the state's
+        device (the op only reads it; a repeated value reuses the fill), then
+        the raw op. Right after a training step: 82 -> 32 us (the checked
+        path's fill + op wrapper)."""
+        op = torch.ops.d9d_kernels.weighted_moments.default
+        skip_bad, update = self.skip_bad, self.update
+        fills = {}  # input name -> (value, fill)
+        direct = []  # the C++/CUDA op serves the state's device (known at the first call)
+
+        def fill(name, v, device):
+            f = fills.get(name)
+            if f is None or not (f[0] == v and type(f[0]) is type(v)):
+                f = fills[name] = (v, torch.full((1,), float(v), dtype=torch.float64, device=device))
+            return f[1]
+
+        def run(state, inputs):
+            dev = state["moments"].device
+            if not direct:
+                direct.append(pick("weighted_moments", dev, None) in ("cpp", "cuda"))
+            if not direct[0]:
+                update(state, **inputs)
+                return
+            w = fill("weights", inputs["weights"], dev) if weighted else None
+            op(fill("x", inputs["x"], dev), None, w, None, skip_bad, state["moments"], state["bad"], state["pivot"])
 
         return run
 

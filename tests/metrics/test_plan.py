@@ -144,3 +144,53 @@ def test_inputs_the_metric_transforms_are_not_planned():
     for v in (1.0, 2.0, 3.0):
         m.update(torch.tensor([v]))
     assert m.compute().item() == 12.0
+
+
+def _number_steps():
+    # repeated values (the fill is reused), changes, int/float of equal value, NaN, inf
+    xs = [96, 96, 96.0, 128, 0.5, 0.5, -3, 1e300, float("nan"), 7, 7, float("inf"), 2]
+    ws = [1, 1, 2, 2.0, 2.0, 0.25, 3, 1, 1, 5, 5, 0, 1]
+    return list(zip(xs, ws))
+
+
+@pytest.mark.parametrize("nan_strategy", ["propagate", "ignore"])
+def test_number_updates_planned_equal_checked_and_numpy(monkeypatch, nan_strategy):
+    """Python-number values (and weights), e.g. SumMetric.update(float(n)),
+    take a planned path that fills each new value once: every value change is
+    seen (no stale fill), and results equal the checked path and numpy."""
+    def run():
+        s, w = dk.SumMetric(nan_strategy=nan_strategy), dk.WeightedMeanMetric(nan_strategy=nan_strategy)
+        finite_s = dk.SumMetric()
+        for x, wt in _number_steps():
+            s.update(x)
+            w.update(x, weights=wt)
+            if np.isfinite(x):
+                finite_s.update(x)
+        return s, w, finite_s
+
+    planned = run()
+    assert all(m._storage.plans for m in planned)
+    monkeypatch.setattr(plan, "MAX_PLANS", 0)
+    checked = run()
+    for a, b in zip(planned, checked):
+        torch.testing.assert_close(a.compute(), b.compute(), rtol=0, atol=0, equal_nan=True)
+    xs = np.array([x for x, _ in _number_steps()], dtype=np.float64)
+    ws = np.array([w for _, w in _number_steps()], dtype=np.float64)
+    ok = np.isfinite(xs)
+    assert planned[2].compute().item() == pytest.approx(np.sum(xs[ok]), rel=1e-15)
+    if nan_strategy == "ignore":  # non-finite values left out
+        assert planned[0].compute().item() == pytest.approx(np.sum(xs[ok]), rel=1e-15)
+        assert planned[1].compute().item() == pytest.approx(np.average(xs[ok], weights=ws[ok]), rel=1e-12)
+    else:
+        assert np.isnan(planned[0].compute().item()) and np.isnan(planned[1].compute().item())
+
+
+def test_number_updates_skip_the_checked_wrapper(monkeypatch):
+    calls = []
+    real = dk.ops.weighted_moments
+    monkeypatch.setattr(dk.ops, "weighted_moments", lambda *a, **k: (calls.append(1), real(*a, **k)))
+    s = dk.SumMetric()
+    for v in (1.0, 2.0, 2.0, 4.5):
+        s.update(v)
+    assert len(calls) == 1, "only the first float update is checked"
+    assert s.compute().item() == 9.5
