@@ -58,6 +58,22 @@ def _number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
+class _Fills:
+    """Python numbers as float64 ``[1]`` tensors for planned updates: each new
+    value of an input is filled once on the device (the ops only read it, so
+    a repeated value reuses its fill; an equal value of another type or a NaN
+    is filled again)."""
+
+    def __init__(self):
+        self._last: dict[str, tuple[object, torch.Tensor]] = {}
+
+    def __call__(self, name: str, v, device: torch.device) -> torch.Tensor:
+        f = self._last.get(name)
+        if f is None or not (f[0] == v and type(f[0]) is type(v)):
+            f = self._last[name] = (v, torch.full((1,), float(v), dtype=torch.float64, device=device))
+        return f[1]
+
+
 def as_tensor(v, device: torch.device) -> torch.Tensor:
     """A tensor as is; a Python number as a float64 0-d tensor made by a fill
     kernel on ``device`` (no host->device copy, no sync)."""
@@ -177,15 +193,8 @@ class MomentsStatistic(Statistic):
         the raw op. Right after a training step: 82 -> 32 us (the checked
         path's fill + op wrapper)."""
         op = torch.ops.d9d_kernels.weighted_moments.default
-        skip_bad, update = self.skip_bad, self.update
-        fills = {}  # input name -> (value, fill)
+        skip_bad, update, fill = self.skip_bad, self.update, _Fills()
         direct = []  # the C++/CUDA op serves the state's device (known at the first call)
-
-        def fill(name, v, device):
-            f = fills.get(name)
-            if f is None or not (f[0] == v and type(f[0]) is type(v)):
-                f = fills[name] = (v, torch.full((1,), float(v), dtype=torch.float64, device=device))
-            return f[1]
 
         def run(state, inputs):
             dev = state["moments"].device
@@ -241,3 +250,31 @@ class ExtremaStatistic(Statistic):
         """``x``: a tensor or a Python number."""
         x = as_tensor(x, state["extrema"].device)
         ops.running_extrema(x, mask, state=state["extrema"], bad=state["bad"], skip_bad=self.skip_bad)
+
+    def bind(self, sample: dict):
+        """The raw ``running_extrema`` op for a floating tensor ``x`` (``mask``
+        None or bool of ``x``'s shape) or a Python number (filled as in
+        ``MomentsStatistic``): ``MaxMetric.update(grad_norm)`` 6.5 -> 3.5 us."""
+        x, mask = sample.get("x"), sample.get("mask")
+        number = _number(x) and mask is None
+        tensor = (isinstance(x, torch.Tensor) and x.dtype in FLOATS
+                  and (mask is None or (isinstance(mask, torch.Tensor) and mask.dtype == torch.bool
+                                        and mask.shape == x.shape)))
+        if not (number or tensor):
+            return super().bind(sample)
+        op = torch.ops.d9d_kernels.running_extrema.default
+        skip_bad, update, fill = self.skip_bad, self.update, _Fills()
+        direct = []  # the C++/CUDA op serves the state's device (known at the first call)
+
+        def run(state, inputs):
+            st = state["extrema"]
+            if not direct:
+                direct.append(pick("running_extrema", st.device, None) in ("cpp", "cuda"))
+            if not direct[0]:
+                update(state, **inputs)
+                return
+            x = fill("x", inputs["x"], st.device) if number else inputs["x"].reshape(-1)
+            m = inputs.get("mask")
+            op(x, None if m is None else m.reshape(-1), skip_bad, st, state["bad"])
+
+        return run

@@ -194,3 +194,51 @@ def test_number_updates_skip_the_checked_wrapper(monkeypatch):
         s.update(v)
     assert len(calls) == 1, "only the first float update is checked"
     assert s.compute().item() == 9.5
+
+
+@pytest.mark.parametrize("nan_strategy", ["propagate", "ignore"])
+def test_extrema_planned_equal_checked_and_numpy(monkeypatch, nan_strategy):
+    """MaxMetric/MinMetric plans (0-d and n-d tensors, masks, Python numbers
+    with NaN/inf) give the checked path's results and numpy's, and skip the
+    op wrapper after the first call of a signature."""
+    g = torch.Generator().manual_seed(3)
+    steps = []
+    for i in range(10):
+        steps.append(torch.randn((), generator=g) * 10)
+        v = torch.randn(5, 3, generator=g)
+        steps.append((v, torch.rand(5, 3, generator=g) > 0.3))
+        steps.append([1.5, -7.0, 3, float("nan"), float("inf"), 2.25][i % 6])
+
+    def run():
+        ms = dk.MaxMetric(nan_strategy=nan_strategy), dk.MinMetric(nan_strategy=nan_strategy)
+        for st in steps:
+            for m in ms:
+                if isinstance(st, tuple):
+                    m.update(st[0], mask=st[1])
+                else:
+                    m.update(st)
+        return [m.compute() for m in ms]
+
+    calls = []
+    real = dk.ops.running_extrema
+    monkeypatch.setattr(dk.ops, "running_extrema", lambda *a, **k: (calls.append(1), real(*a, **k)))
+    planned = run()
+    assert len(calls) == 2 * 4, "one checked call per metric and signature (0-d, masked 2-d, int, float)"
+    monkeypatch.setattr(plan, "MAX_PLANS", 0)
+    checked = run()
+    for a, b in zip(planned, checked):
+        torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
+    vals = []
+    for st in steps:
+        if isinstance(st, tuple):
+            vals += st[0][st[1]].tolist()
+        elif isinstance(st, torch.Tensor):
+            vals.append(float(st))
+        else:
+            vals.append(float(st))
+    vals = np.array(vals)
+    if nan_strategy == "ignore":
+        kept = vals[~np.isnan(vals)]
+        assert planned[0].item() == kept.max() and planned[1].item() == kept.min()
+    else:
+        assert np.isnan(planned[0].item()) and np.isnan(planned[1].item())
