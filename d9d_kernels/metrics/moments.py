@@ -74,6 +74,23 @@ class _Fills:
         return f[1]
 
 
+def _direct(op_name: str, slot: str, update, call):
+    """A plan step: ``call(state, inputs)`` (the raw op) when the C++/CUDA
+    backend serves the state's device, decided at the first call; else the
+    checked ``update(state, **inputs)``."""
+    direct = []
+
+    def run(state, inputs):
+        if not direct:
+            direct.append(pick(op_name, state[slot].device, None) in ("cpp", "cuda"))
+        if direct[0]:
+            call(state, inputs)
+        else:
+            update(state, **inputs)
+
+    return run
+
+
 def as_tensor(v, device: torch.device) -> torch.Tensor:
     """A tensor as is; a Python number as a float64 0-d tensor made by a fill
     kernel on ``device`` (no host->device copy, no sync)."""
@@ -193,20 +210,14 @@ class MomentsStatistic(Statistic):
         the raw op. Right after a training step: 82 -> 32 us (the checked
         path's fill + op wrapper)."""
         op = torch.ops.d9d_kernels.weighted_moments.default
-        skip_bad, update, fill = self.skip_bad, self.update, _Fills()
-        direct = []  # the C++/CUDA op serves the state's device (known at the first call)
+        skip_bad, fill = self.skip_bad, _Fills()
 
-        def run(state, inputs):
+        def call(state, inputs):
             dev = state["moments"].device
-            if not direct:
-                direct.append(pick("weighted_moments", dev, None) in ("cpp", "cuda"))
-            if not direct[0]:
-                update(state, **inputs)
-                return
             w = fill("weights", inputs["weights"], dev) if weighted else None
             op(fill("x", inputs["x"], dev), None, w, None, skip_bad, state["moments"], state["bad"], state["pivot"])
 
-        return run
+        return _direct("weighted_moments", "moments", self.update, call)
 
     def choose_replica(self, replicas):
         return {"pivot": first_set([r["pivot"] for r in replicas])}
@@ -263,18 +274,12 @@ class ExtremaStatistic(Statistic):
         if not (number or tensor):
             return super().bind(sample)
         op = torch.ops.d9d_kernels.running_extrema.default
-        skip_bad, update, fill = self.skip_bad, self.update, _Fills()
-        direct = []  # the C++/CUDA op serves the state's device (known at the first call)
+        skip_bad, fill = self.skip_bad, _Fills()
 
-        def run(state, inputs):
+        def call(state, inputs):
             st = state["extrema"]
-            if not direct:
-                direct.append(pick("running_extrema", st.device, None) in ("cpp", "cuda"))
-            if not direct[0]:
-                update(state, **inputs)
-                return
             x = fill("x", inputs["x"], st.device) if number else inputs["x"].reshape(-1)
             m = inputs.get("mask")
             op(x, None if m is None else m.reshape(-1), skip_bad, st, state["bad"])
 
-        return run
+        return _direct("running_extrema", "extrema", self.update, call)
