@@ -51,7 +51,7 @@ def parse(argv=None):
     p.add_argument("--features", type=int, default=256)
     p.add_argument("--log-every", type=int, default=50)
     p.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 10; quick 8)")
-    p.add_argument("--block", type=int, default=None, help="steps per variant per round (default 50; quick 30)")
+    p.add_argument("--block", type=int, default=None, help="steps per variant per round (default 50; quick 25)")
     p.add_argument("--providers", nargs="*", default=list(PROVIDERS), choices=PROVIDERS)
     p.add_argument("--out", default=str(harness.RESULTS / f"{BENCH}.csv"))
     a = p.parse_args(argv)
