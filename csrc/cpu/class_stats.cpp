@@ -14,12 +14,22 @@
 //   [32, 1000] 41.8 -> 8.0 us; [1024, 1000] 1600 -> 224 us;
 //   [16384, 1000] 25.9 -> 5.7 ms (torch.topk + bincount: 1020 us, 86 us,
 //   750 us, 12.6 ms on the same shapes).
+// rows_small has a 32-byte (AVX2) build beside the 16-byte one; same loop,
+// twice the lanes. 16 -> 32 bytes, one thread, min of 15 runs: [16384, 10]
+// 283-326 -> 208-211 us; [1024, 10] 20.3 -> 14.8 us; [16384, 32] 1153 ->
+// 597 us; float64 [16384, 10] 756 -> 269 us, [16384, 24] 2303 -> 713 us.
 // Specification: d9d_kernels/reference.py::class_stats.
 #include "../kernels/class_stats.h"
 
 #include <ATen/Dispatch.h>
+#include <ATen/Version.h>
+
+#if defined(__SSE2__)
+#include <immintrin.h>  // before the AVX2 region: lanes.inc includes nothing
+#endif
 
 #include <algorithm>
+#include <cstring>
 #include <limits>
 #include <numeric>
 #include <type_traits>
@@ -27,7 +37,7 @@
 
 #include "class_stats_checks.h"
 #include "common.h"
-#include "lanes.h"
+#include "half_bits.h"
 
 namespace d9d {
 namespace {
@@ -130,190 +140,38 @@ inline double nll_of(const V* x, int64_t C, int64_t argmax, int64_t t) {
   return lse_value(Lse{m, s}) - static_cast<double>(x[t]);
 }
 
-// Calls f(i, t, row) for each kept row of [b, e) with target t in [0, C),
-// row = its C scores as V; counts the kept rows with another target as bad.
-// row[C .. C + pad) may be read too (values of no meaning): `end` is one past
-// the last score of the last row, beyond which a short row is copied.
-template <class V, class T, class F>
-void for_rows(const Args& a, const Out& o, const T* preds, int64_t rs, const T* end, int pad,
-              const Strided1<int64_t>& tg, const Strided1<bool>& ms, bool has_m, int64_t b, int64_t e, const F& f) {
-  constexpr bool convert = !std::is_same_v<T, V>;
-  const int64_t C = a.C;
-  std::vector<V> buf(convert ? C + pad : (pad > 0 ? C + pad : 0), V(0));
-  for (int64_t i = b; i < e; ++i) {
-    if (has_m && !ms[i]) continue;
-    const int64_t t = tg[i];
-    if (!kept(true, a.has_ignore, t, a.ignore_index)) continue;
-    if (!class_in_range(t, C)) {
-      o.bad[0] += 1.0;
-      continue;
-    }
-    const T* src = preds + i * rs;
-    const V* row;
-    if constexpr (convert && std::is_same_v<T, at::Half>) {
-      for (int64_t j = half_bits_to_float(reinterpret_cast<const uint16_t*>(src), buf.data(), C); j < C; ++j) {
-        buf[j] = static_cast<float>(src[j]);
-      }
-      row = buf.data();
-    } else if constexpr (convert) {
-      for (int64_t j = 0; j < C; ++j) buf[j] = static_cast<V>(src[j]);
-      row = buf.data();
-    } else {
-      row = src;
-      if (end - src < C + pad) {
-        std::copy(src, src + C, buf.begin());
-        row = buf.data();
-      }
-    }
-    f(i, t, row);
-  }
-}
+// 16-byte lanes: every x86-64 and arm64 CPU.
+namespace vec16 {
+#define D9D_VEC_BYTES 16
+#include "lanes.inc"
+#include "class_stats_rows.inc"
+#undef D9D_VEC_BYTES
+}  // namespace vec16
 
-// kPerVec scores at p as V.
-template <class T>
-inline VecOf<typename Cmp<T>::type> load_as(const T* p) {
-  if constexpr (std::is_same_v<T, at::Half>) {
-    return half_bits_to_float4(reinterpret_cast<const uint16_t*>(p));
-  } else if constexpr (std::is_same_v<T, at::BFloat16>) {
-    return bf16_bits_to_float4(reinterpret_cast<const uint16_t*>(p));
-  } else {
-    return load_vec(p);
-  }
-}
+// 32-byte lanes (AVX2) for rows_small, taken after a runtime check (use_vec32).
+// GCC only: clang ignores `#pragma GCC target`.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define D9D_VEC32 1
+#pragma GCC push_options
+#pragma GCC target("avx2")
+namespace vec32 {
+#define D9D_VEC_BYTES 32
+#include "lanes.inc"
+#include "class_stats_rows.inc"
+#undef D9D_VEC_BYTES
+}  // namespace vec32
+#pragma GCC pop_options
 
-// Scores of rows of C <= kSmallC classes in U vectors of P lanes (lane = class).
-template <class V>
-struct Lanes {
-  static constexpr int P = kPerVec<V>;
-  using Vec = VecOf<V>;
-  using Mask = MaskOf<V>;
-  using Int = std::remove_cv_t<std::remove_reference_t<decltype(Mask{}[0])>>;
-};
-
-// Rows of C <= U * P classes: every class's rank from all pairs, with no
-// data-dependent branch and no per-class scatter. (A best-first insertion
-// buffer mispredicts on most offers of a C = 10 row; adding 1 at
-// stats[top[r]] stalls on addresses known late. At C = 10, top-1/5: 114 ->
-// 14 ns/row.) rank[l] = #{i : s_i > s_l} is the rank when no two scores are
-// equal: then the ranks sum to C(C-1)/2; a smaller sum (ties) takes a second
-// pass that adds the equal scores of lower classes. Per-class counts are
-// integer lanes (pred and tp per k, targets), flushed to `stats` every
-// kFlushRows. top_ks = [1] needs only the first lane holding the row max.
-template <class V, int U, class T>
-void rows_small(const Args& a, const Out& o, const T* preds, int64_t rs, const T* end, const Strided1<int64_t>& tg,
-                const Strided1<bool>& ms, bool has_m, int64_t b, int64_t e) {
-  using L = Lanes<V>;
-  using Vec = typename L::Vec;
-  using Mask = typename L::Mask;
-  constexpr int P = L::P;
-  const int C = static_cast<int>(a.C);
-  const int K = a.K;
-  constexpr V inf = std::numeric_limits<V>::infinity();
-  Mask idx[U], live[U], init[U];
-  for (int u = 0; u < U; ++u) {
-    for (int l = 0; l < P; ++l) idx[u][l] = u * P + l;
-    live[u] = idx[u] < C;
-    init[u] = ~live[u] & C;  // padding lanes rank C: in no top-k, never the argmax
-  }
-  const int64_t no_ties = int64_t(C) * (C - 1) / 2;
-  std::vector<Mask> kv(K), cnt(size_t(2 * K + 1) * U);  // per k: pred[U], tp[U]; then targets[U]
-  for (int ki = 0; ki < K; ++ki) kv[ki] = Mask{} + static_cast<typename L::Int>(a.top_ks[ki]);
-  double valid = 0.0, nll = 0.0;
-  auto flush = [&] {
-    for (int ki = 0; ki < K; ++ki) {
-      for (int u = 0; u < U; ++u) {
-        for (int l = 0; l < P && u * P + l < C; ++l) {
-          o.stats[stats_pred(ki, u * P + l, C)] += static_cast<double>(cnt[(2 * ki) * U + u][l]);
-          o.stats[stats_tp(ki, u * P + l, C)] += static_cast<double>(cnt[(2 * ki + 1) * U + u][l]);
-          o.stats[stats_target(ki, u * P + l, C)] += static_cast<double>(cnt[2 * K * U + u][l]);
-        }
-      }
-    }
-    std::fill(cnt.begin(), cnt.end(), Mask{});
-    o.extras[0] += valid;
-    o.extras[1] += nll;
-    valid = nll = 0.0;
-  };
-  for (int64_t bb = b; bb < e; bb += kFlushRows) {
-    for_rows<T>(a, o, preds, rs, end, U * P - C, tg, ms, has_m, bb, std::min(e, bb + kFlushRows),
-                [&](int64_t i, int64_t t, const T* row) {
-      V conv[U * P];  // half/bfloat16 converted in lanes (no scalar stores); else the row itself
-      const V* x;
-      if constexpr (std::is_same_v<T, V>) {
-        x = row;  // a copy cost 12% at [16384, 10]
-      } else {
-        x = conv;
-      }
-      Vec s[U];
-      Mask r[U], nonfinite{}, unmasked{};
-      for (int u = 0; u < U; ++u) {
-        const Vec v = load_as(row + u * P);
-        if constexpr (!std::is_same_v<T, V>) std::memcpy(conv + u * P, &v, sizeof v);
-        nonfinite |= ~(v < splat(inf)) & live[u];  // NaN or +Inf (score_ok)
-        unmasked |= (v > splat(-inf)) & live[u];    // a row of only -Inf is bad too
-        s[u] = v;
-        r[u] = init[u];
-      }
-      if (any_lane(nonfinite) || !any_lane(unmasked)) {
-        o.bad[0] += 1.0;
-        return;
-      }
-      int64_t argmax;
-      if (a.kmax == 1) {  // top_ks = [1]: the first lane holding the row max, counted in place
-        Vec m = live[0] ? s[0] : splat(-inf);
-        for (int u = 1; u < U; ++u) m = (live[u] & (s[u] > m)) ? s[u] : m;
-        V best = m[0];
-        for (int l = 1; l < P; ++l) best = m[l] > best ? m[l] : best;
-        const Vec vb = splat(best);
-        uint32_t bits = 0;
-        for (int u = 0; u < U; ++u) bits |= uint32_t(lane_bits((s[u] == vb) & live[u])) << (u * P);
-        argmax = __builtin_ctz(bits);
-        o.stats[stats_pred(0, argmax, C)] += 1.0;
-        o.stats[stats_tp(0, t, C)] += argmax == t ? 1.0 : 0.0;
-        o.stats[stats_target(0, t, C)] += 1.0;
-      } else {
-        for (int i2 = 0; i2 < C; ++i2) {
-          const Vec si = splat(x[i2]);
-          for (int u = 0; u < U; ++u) r[u] -= si > s[u];
-        }
-        Mask sum{};
-        for (int u = 0; u < U; ++u) sum += r[u] & live[u];
-        int64_t total = 0;
-        for (int l = 0; l < P; ++l) total += sum[l];
-        if (total != no_ties) {
-          for (int i2 = 0; i2 < C; ++i2) {
-            const Vec si = splat(x[i2]);
-            for (int u = 0; u < U; ++u) r[u] -= (si == s[u]) & (idx[u] > i2);
-          }
-        }
-        const auto tv = static_cast<typename L::Int>(t);
-        Mask is_t[U], top1{};
-        for (int u = 0; u < U; ++u) {
-          is_t[u] = idx[u] == tv;
-          top1 += (r[u] == Mask{}) & idx[u];
-        }
-        for (int ki = 0; ki < K; ++ki) {
-          Mask* pred = &cnt[(2 * ki) * U];
-          Mask* tp = pred + U;
-          for (int u = 0; u < U; ++u) {
-            const Mask in_top = r[u] < kv[ki];
-            pred[u] -= in_top;
-            tp[u] -= in_top & is_t[u];
-          }
-        }
-        for (int u = 0; u < U; ++u) cnt[2 * K * U + u] -= is_t[u];
-        argmax = 0;
-        for (int l = 0; l < P; ++l) argmax += top1[l];
-      }
-      const int64_t cell = t * C + argmax;
-      if (o.confmat != nullptr) o.confmat[cell] += 1.0;
-      if (o.cells != nullptr) o.cells[i] = cell;
-      valid += 1.0;
-      if (a.nll) nll += nll_of(x, C, argmax, t);
-    });
-    flush();
-  }
+// The CPU has AVX2 and torch may use it too: ATEN_CPU_CAPABILITY=default
+// turns off both (the tests run the 16-byte path that way).
+bool use_vec32() {
+  static const bool yes = __builtin_cpu_supports("avx2") && at::get_cpu_capability() != "DEFAULT";
+  return yes;
 }
+#endif
+
+// Longer rows: 16-byte lanes everywhere.
+using namespace vec16;
 
 // The kmax best classes of a row of C > kSmallC scores (kmax <= kTopKBuffer)
 // in two passes. Pass 1 keeps the max of each lane column (j mod kLanes):
@@ -439,19 +297,6 @@ void rows_sort(const Args& a, const Out& o, const T* preds, int64_t rs, const T*
   });
 }
 
-// rows_small with U = ceil(C / P) vectors.
-template <class V, class T, int U = (std::is_same_v<V, double> ? kSmallCDouble : kSmallC) / Lanes<V>::P>
-void rows_small_dispatch(const Args& a, const Out& o, const T* preds, int64_t rs, const T* end,
-                         const Strided1<int64_t>& tg, const Strided1<bool>& ms, bool has_m, int64_t b, int64_t e) {
-  if constexpr (U > 1) {
-    if (a.C <= (U - 1) * Lanes<V>::P) {
-      rows_small_dispatch<V, T, U - 1>(a, o, preds, rs, end, tg, ms, has_m, b, e);
-      return;
-    }
-  }
-  rows_small<V, U>(a, o, preds, rs, end, tg, ms, has_m, b, e);
-}
-
 // C = 1 (top_ks = [1]): every finite row is a hit on class 0, its NLL 0 (a
 // -Inf row is all masked: bad, as a NaN/+Inf one)
 // (rows_small cost 6.0 -> 7.7 ns/row on [16384, 1]).
@@ -482,7 +327,15 @@ void rows_scores(const Args& a, const Out& o, const T* preds, int64_t rs, const 
   } else if (a.kmax > kTopKBuffer) {
     rows_sort<V>(a, o, preds, rs, end, tg, ms, has_m, b, e);
   } else if (a.C <= (std::is_same_v<V, double> ? kSmallCDouble : kSmallC)) {
-    rows_small_dispatch<V>(a, o, preds, rs, end, tg, ms, has_m, b, e);
+#if defined(D9D_VEC32)
+    if constexpr (std::is_same_v<T, V>) {  // float16/bfloat16 convert 4 lanes at a time: 16-byte path
+      if (use_vec32()) {
+        vec32::rows_small_dispatch<V>(a, o, preds, rs, end, tg, ms, has_m, b, e);
+        return;
+      }
+    }
+#endif
+    vec16::rows_small_dispatch<V>(a, o, preds, rs, end, tg, ms, has_m, b, e);
   } else {
     rows_scan<V>(a, o, preds, rs, end, tg, ms, has_m, b, e);
   }

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -351,3 +355,34 @@ def test_masked_logits(backend, dtype, C):
     got = run_and_compare(backend, preds2, target, C=C, top_ks=(1,), nll=True)
     assert got[3].item() == 0 and got[2][1].item() == float("inf")
     assert torch.nn.functional.cross_entropy(preds2.double(), target, reduction="sum").item() == float("inf")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_small_rows_every_width(backend, dtype):
+    """Every C of the all-pairs ranking (1..33: each count of vectors of the
+    16- and 32-byte loops, and the step to the scan) on adversarial rows."""
+    if backend == "triton":
+        pytest.skip("one row loop in Triton; test_scores_adversarial_rows covers it")
+    for C in range(1, 34):
+        g = torch.Generator().manual_seed(C)
+        preds = _adversarial_rows(27, C, dtype, g)
+        target = torch.randint(0, C, (27,), generator=g)
+        run_and_compare(backend, preds, target, C=C, top_ks=tuple(sorted({1, min(3, C), C})), nll=True)
+
+
+@needs_cpp
+def test_16_byte_lanes_without_avx2():
+    """The C++ kernel's 16-byte (SSE2/NEON) row loops: on an AVX2 machine the
+    other tests take the 32-byte ones, so the cpp tests of this file run again
+    with ATEN_CPU_CAPABILITY=default, which turns AVX2 off for torch and us.
+    (torch.compile's C++ codegen does not build in that mode: its tests stay out.)"""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = {**os.environ, "ATEN_CPU_CAPABILITY": "default"}
+    probe = "import torch; print(torch.backends.cpu.get_cpu_capability())"
+    assert subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True,
+                          timeout=120).stdout.strip() == "DEFAULT"
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", os.path.abspath(__file__),
+           "-k", "(cpp or hypothesis) and not compile and not without_avx2"]
+    r = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+    assert " passed" in r.stdout and " failed" not in r.stdout
