@@ -357,7 +357,7 @@ def test_masked_logits(backend, dtype, C):
     assert torch.nn.functional.cross_entropy(preds2.double(), target, reduction="sum").item() == float("inf")
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 def test_small_rows_every_width(backend, dtype):
     """Every C of the all-pairs ranking (1..33: each count of vectors of the
     16- and 32-byte loops, and the step to the scan) on adversarial rows."""
