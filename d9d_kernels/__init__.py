@@ -17,8 +17,8 @@ _SUBMODULES = ("ops", "reference", "functional", "checkpoint", "distributed", "m
 # public name -> module that defines it
 _NAMES = {
     "DistributedContext": "d9d_kernels.distributed",
-    "Metric": "d9d_kernels.metric",
-    "MetricGroup": "d9d_kernels.group",
+    "Metric": "d9d_kernels.core.metric",
+    "MetricGroup": "d9d_kernels.core.group",
     **{n: "d9d_kernels.metrics.aggregation" for n in ("SumMetric", "WeightedMeanMetric", "MaxMetric", "MinMetric")},
     **{
         n: "d9d_kernels.metrics.catalogue"

@@ -30,7 +30,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from d9d_kernels.metric import Metric, _rank_world
+from d9d_kernels.core.metric import Metric
+from d9d_kernels.core.sync import rank_world
 
 __all__ = ["ranks_for", "metric_state_template", "for_resume", "saved_world_size", "ResumeState"]
 
@@ -45,7 +46,7 @@ def metric_state_template(
 ) -> dict[str, Any]:
     """The DCP load template of ``metric`` for a checkpoint saved on
     ``saved_world_size`` ranks (defaults: this process' rank / world size)."""
-    r, w = _rank_world()
+    r, w = rank_world()
     rank = r if rank is None else rank
     world_size = w if world_size is None else world_size
     st = metric._storage

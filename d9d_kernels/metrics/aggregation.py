@@ -34,7 +34,7 @@ import numbers
 
 import torch
 
-from d9d_kernels.metric import Metric
+from d9d_kernels.core.metric import Metric
 from d9d_kernels.metrics._args import broadcasts_to
 from d9d_kernels.metrics.moments import ExtremaStatistic, MomentsStatistic
 

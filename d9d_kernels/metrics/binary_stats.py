@@ -13,7 +13,7 @@ import torch
 
 from d9d_kernels import ops
 from d9d_kernels.metrics.class_stats import nonfinite_rows
-from d9d_kernels.metrics.statistic import SUM, Slot, Statistic
+from d9d_kernels.core.statistic import SUM, Slot, Statistic
 
 __all__ = ["BinaryStatistic", "flatten_labels"]
 

@@ -19,7 +19,7 @@ from d9d_kernels import ops
 from d9d_kernels.ops._common import as_index
 from d9d_kernels.ops._dispatch import FLOATS, pick
 from d9d_kernels.reference import valid_score_rows
-from d9d_kernels.metrics.statistic import SUM, Slot, Statistic
+from d9d_kernels.core.statistic import SUM, Slot, Statistic
 
 __all__ = ["ClassStatistic", "nonfinite_rows"]
 

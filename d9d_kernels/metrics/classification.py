@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import torch
 
-from d9d_kernels.metric import Metric
+from d9d_kernels.core.metric import Metric
 from d9d_kernels.metrics import _args as A
 from d9d_kernels.metrics.binary_stats import BinaryStatistic
 from d9d_kernels.metrics.class_stats import ClassStatistic

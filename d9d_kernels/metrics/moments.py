@@ -22,7 +22,7 @@ import torch
 
 from d9d_kernels import ops
 from d9d_kernels.ops._dispatch import FLOATS, pick
-from d9d_kernels.metrics.statistic import MAX, REPLICA, SUM, Slot, Statistic
+from d9d_kernels.core.statistic import MAX, REPLICA, SUM, Slot, Statistic
 from d9d_kernels.reference import MOMENTS_SIZE
 
 __all__ = ["MomentsStatistic", "ExtremaStatistic", "recenter_moments", "first_set"]

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from d9d_kernels.metric import Metric
+from d9d_kernels.core.metric import Metric
 from d9d_kernels.metrics import _args as A
 from d9d_kernels.metrics.formulas import ranking as R
 from d9d_kernels.metrics.score_histogram import HistogramStatistic

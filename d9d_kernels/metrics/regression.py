@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from d9d_kernels.metric import Metric
+from d9d_kernels.core.metric import Metric
 from d9d_kernels.metrics import _args as A
 from d9d_kernels.metrics.formulas import regression as G
 from d9d_kernels.metrics.moments import MomentsStatistic

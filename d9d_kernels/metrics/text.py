@@ -16,10 +16,10 @@ from typing import Hashable
 import torch
 
 from d9d_kernels import ops
-from d9d_kernels.metric import Metric
+from d9d_kernels.core.metric import Metric
 from d9d_kernels.metrics import _args as A
 from d9d_kernels.metrics.class_stats import ClassStatistic, nonfinite_rows
-from d9d_kernels.metrics.statistic import SUM, Slot, Statistic
+from d9d_kernels.core.statistic import SUM, Slot, Statistic
 
 __all__ = ["Perplexity"]
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import d9d_kernels as dk
-import d9d_kernels.metric as metric_mod
+import d9d_kernels.core.metric as metric_mod
 
 
 def test_custom_metric_docstring_example_runs():

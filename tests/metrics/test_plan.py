@@ -1,4 +1,4 @@
-"""Update plans (d9d_kernels/plan.py): after the first checked call of an input
+"""Update plans (d9d_kernels/core/plan.py): after the first checked call of an input
 signature, updates skip the Python checks and call the kernels directly.
 They must give bit-identical results to the checked path, still reject bad
 input (a new signature runs checked), and actually be taken."""
@@ -11,7 +11,7 @@ import torch
 from sklearn.metrics import accuracy_score, f1_score
 
 import d9d_kernels as dk
-from d9d_kernels import plan
+from d9d_kernels.core import plan
 from tests.metrics._catalogue_utils import _one_thread  # noqa: F401
 
 C = 7

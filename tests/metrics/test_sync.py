@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import d9d_kernels as dk
-from d9d_kernels import metric as metric_mod
+from d9d_kernels.core import sync as metric_mod
 from tests.dist_utils import run_distributed, run_distributed_expect_errors
 
 N_TOTAL = 103  # uneven shards

@@ -26,7 +26,8 @@ from typing import Iterator
 
 import torch
 
-from d9d_kernels.metric import HostValues, Metric, _GroupBase, _Layout, _Storage, update_signature
+from d9d_kernels.core.metric import HostValues, Metric, _GroupBase, update_signature
+from d9d_kernels.core.storage import Layout, Storage
 
 __all__ = ["MetricGroup"]
 
@@ -72,8 +73,8 @@ class MetricGroup(_GroupBase):
     def _finalize(self) -> None:
         members = self._members
         owners = [(f"MetricGroup[{n!r}]", m) for n, m in members.items()]
-        layout = _Layout(owners)
-        storage = _Storage(layout, self._device, "MetricGroup")
+        layout = Layout(owners)
+        storage = Storage(layout, self._device, "MetricGroup")
         self.__dict__["_storage"] = storage
         self.__dict__["_stat_map"] = {}
         for (label, m), smap in zip(owners, layout.maps):

@@ -73,7 +73,7 @@ class Statistic:
         """``fn(state, inputs)`` equivalent to ``update(state, **inputs)`` for
         every ``inputs`` whose metadata (shapes, dtypes, devices, Python
         types) equals ``sample``'s, which already passed ``update`` once.
-        Override to skip the op wrapper's checks (d9d_kernels/plan.py)."""
+        Override to skip the op wrapper's checks (d9d_kernels/core/plan.py)."""
         update = self.update
         return lambda state, inputs: update(state, **inputs)
 

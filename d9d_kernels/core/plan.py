@@ -16,7 +16,7 @@ all checks and run ``Statistic.bind`` callables (a raw ``torch.ops`` call for
 the hot statistics). Inputs that the metric transformed (a flattened tensor,
 a list of strings) leave the signature unplanned: it keeps the checked path.
 
-Plans live in the storage (``_Storage.plans``) and die with it: moving a
+Plans live in the storage (``Storage.plans``) and die with it: moving a
 metric (``to``) or grouping it starts afresh. The contract this relies on,
 kept by every metric here: ``update``'s checks depend only on input
 metadata and the metric's configuration, never on input values. The
