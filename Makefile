@@ -45,7 +45,7 @@ test: build
 	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS) tests
 
 demo: build
-	$(PY) -m d9d_kernels.demo
+	$(PY) examples/demo.py
 
 bench: build
 	$(PY) bench/run_all.py --quick

@@ -208,7 +208,7 @@ def update_section(rows, targets: list) -> list[str]:
              "group update; ratio = peer / d9d_kernels (> 1: d9d_kernels is faster). torchmetrics "
              "(default) uses its automatic compute groups, which compare states after the first batch: "
              "when that batch has as many top-5 as top-1 hits (likely at C=1000, small N) it merges "
-             "top-5 into top-1 accuracy — faster, and wrong (see `d9d_kernels/demo.py`). torchmetrics "
+             "top-5 into top-1 accuracy — faster, and wrong (see `examples/demo.py`). torchmetrics "
              "(fastest) uses `nan_strategy=\"ignore\"` on the loss mean: `\"disable\"` drops "
              "MeanMetric's weights in torchmetrics 1.9.0.", ""]
     idx = _index(rows, lambda r: (r["provider"], r["_shape"]["C"], r["_shape"]["N"]))

@@ -1,4 +1,4 @@
-"""The main job: ``make demo`` == ``python -m d9d_kernels.demo``.
+"""The main job: ``make demo`` == ``python examples/demo.py``.
 
 A 2-rank gloo training job (spawned on 127.0.0.1, free port, timeouts: it
 never hangs) of a small MLP classifier on synthetic data with UNEVEN shards
@@ -55,7 +55,7 @@ KEYS = ("loss", "acc", "top5", "f1", "auroc", "gnorm_max", "samples")
 
 # ----------------------------------------------------------------------------- setup
 def _parse(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m d9d_kernels.demo", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python examples/demo.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=None, help="training steps of the logged run (default 300; quick 40)")
     p.add_argument("--world-size", type=int, default=2, help="gloo ranks (default 2)")
     p.add_argument("--log-every", type=int, default=None, help="sync + log every N steps (default 25; quick 10)")
