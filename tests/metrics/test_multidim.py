@@ -21,6 +21,7 @@ from torchmetrics.functional import classification as tmf
 
 import d9d_kernels as dk
 from d9d_kernels.metrics import class_stats as class_stats_mod
+from tests.dist_utils import run_distributed
 from tests.metrics._catalogue_utils import _one_thread, close, quiet  # noqa: F401
 
 IGNORE = -100
@@ -479,3 +480,78 @@ def test_multidim_updates_run_under_torch_compile_fullgraph(monkeypatch):
     for (m, _), (e, a) in zip(compiled, eager):
         e.update(*a)
         torch.testing.assert_close(m.compute(), e.compute(), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("k", [2, 3])
+def test_samplewise_top_k_against_torchmetrics(k):
+    """Top-k accuracy / recall per sample (the two top-k definitions agree on these)."""
+    g = torch.Generator().manual_seed(8)
+    C = 5
+    preds, target = torch.randn(4, C, 6, 3, generator=g), torch.randint(0, C, (4, 6, 3), generator=g)
+    sw = dict(multidim_average="samplewise", top_k=k)
+    for average in AVERAGES:
+        for name, fn in [("Accuracy", tmf.multiclass_accuracy), ("Recall", tmf.multiclass_recall)]:
+            got = _run(getattr(dk, name)(task="multiclass", num_classes=C, average=average, **sw), preds, target)
+            close(got, fn(preds, target, C, average=average, **sw).double().mean(0), atol=1e-6, msg=f"{name} {average}")
+
+
+SEG_C = 4
+
+
+def _seg_data():
+    g = torch.Generator().manual_seed(9)
+    preds = torch.randn(7, SEG_C, 5, 6, generator=g, dtype=torch.float64)
+    target = torch.randint(0, SEG_C, (7, 5, 6), generator=g)
+    target[torch.rand(7, 5, 6, generator=g) < 0.1] = IGNORE
+    lp = torch.rand(7, SEG_C, 5, generator=g, dtype=torch.float64)
+    lt = (torch.rand(7, SEG_C, 5, generator=g, dtype=torch.float64) < lp).long()
+    return preds, target, lp, lt
+
+
+def _seg_metrics():
+    sw = dict(multidim_average="samplewise")
+    mc = dict(task="multiclass", num_classes=SEG_C, ignore_index=IGNORE)
+    ml = dict(task="multilabel", num_labels=SEG_C)
+    return {
+        "mc": dk.MetricGroup({"acc": dk.Accuracy(**mc), "miou": dk.JaccardIndex(**mc),
+                              "f1_sw": dk.F1Score(**mc, average="macro", **sw),
+                              "rec_sw": dk.Recall(**mc, average="none", **sw)}),
+        "ml": dk.MetricGroup({"prec": dk.Precision(**ml, average="macro"),
+                              "prec_sw": dk.Precision(**ml, average="none", **sw)}),
+    }
+
+
+def _seg_worker(rank, world):
+    preds, target, lp, lt = _seg_data()
+    ms = _seg_metrics()
+    rows = torch.tensor_split(torch.arange(preds.shape[0]), world)[rank]  # uneven: 7 samples
+    ms["mc"].update(preds=preds[rows], target=target[rows])
+    ms["ml"].update(preds=lp[rows], target=lt[rows])
+    for g in ms.values():
+        g.trigger_sync(dk.DistributedContext())
+    for g in ms.values():
+        g.wait_sync()
+    return {f"{n}.{k}": v.tolist() for n, g in ms.items() for k, v in g.compute().items()}
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_samplewise_and_channel_first_synced_equal_torchmetrics_on_all_samples(world):
+    """Per-rank samples, one sync: the samplewise mean over every rank's samples
+    (sum and count are additive) and the global values equal torchmetrics on
+    the concatenated batch."""
+    out = run_distributed(_seg_worker, world, timeout=180.0)
+    preds, target, lp, lt = _seg_data()
+    sw = dict(multidim_average="samplewise")
+    mc = dict(num_classes=SEG_C, ignore_index=IGNORE)
+    ref = {
+        "mc.acc": tmf.multiclass_accuracy(preds, target, average="micro", **mc),
+        "mc.miou": tmf.multiclass_jaccard_index(preds, target, **mc),
+        "mc.f1_sw": tmf.multiclass_f1_score(preds, target, average="macro", **mc, **sw).mean(0),
+        "mc.rec_sw": tmf.multiclass_recall(preds, target, average="none", **mc, **sw).mean(0),
+        "ml.prec": tmf.multilabel_precision(lp, lt, SEG_C, average="macro"),
+        "ml.prec_sw": tmf.multilabel_precision(lp, lt, SEG_C, average="none", **sw).mean(0),
+    }
+    for rank in range(world):
+        assert out[rank].keys() == ref.keys()
+        for k, v in ref.items():
+            close(torch.tensor(out[rank][k]), v.double(), atol=1e-6, msg=f"rank {rank} {k}")
