@@ -23,14 +23,14 @@ from d9d_kernels.core.statistic import SUM, Slot, Statistic
 
 __all__ = ["ClassStatistic", "nonfinite_rows", "score_blocks", "mergeable"]
 
-#: Scores per block when channel-first input (``[N, C, d1, ...]`` moved to
-#: ``[N, d1, ..., C]``, a view) cannot be flattened to ``[R, C]`` without a
-#: copy: a sample holding at least this many scores is one block, a strided
-#: view of it; smaller samples are gathered into blocks this large (a copy
-#: of a block, not of the batch). One op call per block costs ~14 us; below
-#: ~2^17 scores per call one copy of the batch is cheaper
-#: (bench/bench_update.py, segmentation row).
-BLOCK_SCORES = 1 << 18
+#: Channel-first scores (``[N, C, d1, ...]`` moved to ``[N, d1, ..., C]``, a
+#: view) do not flatten to ``[R, C]`` without a copy. A sample of at least
+#: SAMPLE_VIEW_SCORES scores goes to the op as its own ``[S, C]`` view (one
+#: call, ~14 us, per sample); smaller samples are gathered into blocks of about
+#: BLOCK_SCORES scores, each a copy: extra memory stays one block, not the
+#: batch. Measured with bench/bench_update.py (segmentation section).
+SAMPLE_VIEW_SCORES = 1 << 16
+BLOCK_SCORES = 1 << 20
 
 
 def mergeable(sizes, strides) -> bool:
@@ -56,7 +56,7 @@ def score_blocks(preds: torch.Tensor, target: torch.Tensor, mask: torch.Tensor |
         return [(preds.reshape(-1, C), target.reshape(-1), None if mask is None else mask.reshape(-1))]
     n = preds.shape[0]
     per_sample = max(1, preds[0].numel())
-    k = max(1, BLOCK_SCORES // per_sample)
+    k = 1 if per_sample >= SAMPLE_VIEW_SCORES else -(-BLOCK_SCORES // per_sample)
     return [
         (preds[i : i + k].reshape(-1, C), target[i : i + k].reshape(-1),
          None if mask is None else mask[i : i + k].reshape(-1))

@@ -164,12 +164,13 @@ def test_channel_last_stays_available():
         dk.Accuracy(task="multiclass", num_classes=4, class_dim=1).update(preds, target)
 
 
-@pytest.mark.parametrize("block", [1, 50, 10**9])
+@pytest.mark.parametrize("view_min, block", [(1, 1), (10**9, 50), (10**9, 10**9)])
 @pytest.mark.parametrize("layout", ["contiguous", "sliced", "channel_last_view", "permuted_batch"])
-def test_strided_scores_every_block_size(monkeypatch, block, layout):
+def test_strided_scores_every_block_size(monkeypatch, view_min, block, layout):
     """Views that do not flatten to [R, C]: blocks of one sample (a view), of
     several samples (a copy of the block) or the whole batch; adversarial
     strides (a slice, channel-last memory seen channel-first, batch permuted)."""
+    monkeypatch.setattr(class_stats_mod, "SAMPLE_VIEW_SCORES", view_min)
     monkeypatch.setattr(class_stats_mod, "BLOCK_SCORES", block)
     g = torch.Generator().manual_seed(1)
     N, C, H, W = 4, 6, 5, 7
@@ -454,7 +455,8 @@ def test_confusion_matrix_too_big_raises_value_error_with_size():
 def test_multidim_updates_run_under_torch_compile_fullgraph(monkeypatch):
     """Channel-first, strided-block, label-column and samplewise updates trace
     without a graph break (no host sync, no data-dependent shape) and equal eager."""
-    monkeypatch.setattr(class_stats_mod, "BLOCK_SCORES", 40)  # several blocks at this size
+    monkeypatch.setattr(class_stats_mod, "SAMPLE_VIEW_SCORES", 10**9)  # several copied blocks at this size
+    monkeypatch.setattr(class_stats_mod, "BLOCK_SCORES", 40)
     torch._dynamo.reset()
     g = torch.Generator().manual_seed(7)
     C = 3
