@@ -557,3 +557,20 @@ def test_samplewise_and_channel_first_synced_equal_torchmetrics_on_all_samples(w
         assert out[rank].keys() == ref.keys()
         for k, v in ref.items():
             close(torch.tensor(out[rank][k]), v.double(), atol=1e-6, msg=f"rank {rank} {k}")
+
+
+def test_shifted_lm_logits_are_read_as_views():
+    """``logits[:, :-1]`` (next-token shift) does not flatten to [R, V] as a
+    view: every sample's rows are one view (row stride V, class stride 1), read
+    in place; results equal torchmetrics on the contiguous copy."""
+    from torchmetrics.functional.text import perplexity as tm_perplexity
+
+    g = torch.Generator().manual_seed(10)
+    V = 300
+    logits, tokens = torch.randn(3, 9, V, generator=g), torch.randint(0, V, (3, 9), generator=g)
+    preds, target = logits[:, :-1], tokens[:, 1:]
+    assert not preds.is_contiguous()
+    acc = _run(dk.Accuracy(task="multiclass", num_classes=V, class_dim=-1), preds, target)
+    close(acc, tmf.multiclass_accuracy(preds.contiguous().movedim(-1, 1), target, V, average="micro"), atol=1e-6)
+    ppl = _run(dk.Perplexity(num_classes=V), preds, target)
+    torch.testing.assert_close(ppl, tm_perplexity(preds.contiguous(), target).double(), rtol=1e-5, atol=0)
