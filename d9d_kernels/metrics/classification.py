@@ -8,9 +8,15 @@ and "multilabel") to a pure formula in ``formulas.classification``. In a
 ``class_stats`` kernel per ``g.update(...)``.
 
 Constructor arguments follow torchmetrics 1.9 (``task``, ``num_classes``,
-``num_labels``, ``threshold``, ``top_k``, ``average``, ``ignore_index``),
-defaults included (``average="micro"``, JaccardIndex ``"macro"``), plus
-``nan_strategy``:
+``num_labels``, ``threshold``, ``top_k``, ``average``, ``ignore_index``,
+``multidim_average`` where torchmetrics has it), defaults included
+(``average="micro"``, JaccardIndex ``"macro"``). Inputs are read as
+torchmetrics reads them: scores ``[N, C, d1, ...]`` with targets
+``[N, d1, ...]``, multilabel ``[N, L, d1, ...]``; channel-last
+``[..., C]`` when channel-first does not fit the shapes, or always with
+``class_dim=-1`` (docs/metrics.md). ``multidim_average="samplewise"``:
+``compute()`` is the mean of torchmetrics' per-sample values
+(``SamplewiseStatistic``). Plus ``nan_strategy``:
 
 * ``"error"`` (default): ``compute()`` raises ``ValueError`` with the count of
   bad rows (class index out of range, NaN/Inf scores); bad rows are left out.
