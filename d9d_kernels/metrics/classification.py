@@ -82,7 +82,8 @@ class _Classification(Metric):
         A.check_choice(name, "task", task, self._allowed_tasks)
         A.check_choice(name, "multidim_average", multidim_average, A.MULTIDIM_AVERAGES)
         if multidim_average != "global" and not self._has_multidim_average:
-            A.fail(name, "multidim_average", f"is not supported by {name} (torchmetrics has none either), got {multidim_average!r}")
+            A.fail(name, "multidim_average",
+                   f"is not supported by {name} (torchmetrics has none either), got {multidim_average!r}")
         A.check_class_dim(name, class_dim)
         if average == "default":
             average = self._default_average
@@ -147,34 +148,32 @@ class _Classification(Metric):
         name = type(self).__name__
         A.check_preds_target(name, preds, target)
         ps, ts = tuple(preds.shape), tuple(target.shape)
-        samplewise = self.multidim_average == "samplewise"
+        least = (2, "[N, d1, ...]")  # the least samplewise input (torchmetrics' rule)
         if self.task == "multiclass":
             C = self.num_classes
             A.check_index_dtype(name, "target", target)
             if preds.dim() == target.dim() + 1:
                 if not preds.is_floating_point():
-                    A.fail(name, "preds", f"with one dim more than target must be floating scores, got {preds.dtype}", TypeError)
+                    A.fail(name, "preds", f"with one dim more than target must be floating scores, got {preds.dtype}",
+                           TypeError)
                 preds = A.channel_last(preds, A.score_class_dim(name, ps, ts, C, self.class_dim))
-                if samplewise and len(ps) < 3:
-                    A.fail(name, "preds", f"scores must be at least 3-D [N, C, d1, ...] for multidim_average='samplewise', got {ps}")
+                least = (3, "[N, C, d1, ...]")
             else:
                 if ps != ts:
                     A.fail(name, "preds", f"must be class indices of target's shape {ts} or scores [N, C, d1, ...] / "
                            f"target.shape + (C,) with C = num_classes = {C}, got {ps}")
                 if not (self.top_k == 1):
                     A.fail(name, "preds", f"must be scores [N, C, ...] for top_k={self.top_k}, got class indices")
-                if samplewise and len(ps) < 2:
-                    A.fail(name, "preds", f"class indices must be at least 2-D [N, d1, ...] for multidim_average='samplewise', got {ps}")
         else:
             if not (ps == ts):
                 A.fail(name, "preds", f"must have target's shape {ts}, got {ps}")
             if self.task == "multilabel":
                 dim = A.label_dim(name, ps, self.num_labels, self.class_dim)
                 preds, target = A.channel_last(preds, dim), A.channel_last(target, dim)
-                if samplewise and len(ps) < 3:
-                    A.fail(name, "preds", f"must be at least 3-D [N, num_labels, d1, ...] for multidim_average='samplewise', got {ps}")
-            elif samplewise and len(ps) < 2:
-                A.fail(name, "preds", f"must be at least 2-D [N, d1, ...] for multidim_average='samplewise', got {ps}")
+                least = (3, "[N, num_labels, d1, ...]")
+        if self.multidim_average == "samplewise" and len(ps) < least[0]:
+            A.fail(name, "preds", f"must be at least {least[0]}-D {least[1]} for multidim_average='samplewise', "
+                   f"got {ps}")
         A.check_mask(name, mask, ts)
         return preds, target
 
