@@ -316,6 +316,11 @@ def test_ranking_channel_first_against_torchmetrics(metric):
     fn = getattr(tmf, f"multilabel_{'auroc' if metric == 'AUROC' else 'average_precision'}")
     ours = _run(getattr(dk, metric)(task="multilabel", num_labels=C, average="none"), lp, lt)
     close(ours, fn(lp, lt, C, average="none").double(), atol=1e-3, msg="multilabel")
+    # a mask [N, 1, d] broadcast over the labels: the same as torchmetrics' ignore_index on those entries
+    mask = torch.rand(n, 1, d, generator=g) < 0.6
+    ours = _run(getattr(dk, metric)(task="multilabel", num_labels=C, average="none"), lp, lt, mask)
+    exp = fn(lp, torch.where(mask, lt, -1), C, average="none", ignore_index=-1).double()
+    close(ours, exp, atol=1e-3, msg="multilabel masked")
 
 
 def test_ranking_ambiguous_shape_and_float_target():
