@@ -10,14 +10,25 @@ Targets (issue 5): >= 20x faster than torchmetrics default, >= 3x faster than
 torcheval, no slower than plain torch.
 
     python bench/bench_update.py [--quick] [--out bench/results/update.csv]
+    python bench/bench_update.py --segmentation only --out bench/results/bench_update_segmentation.csv
 
 One CSV row per (provider, C, batch): median/p20/p80 of the update call.
 Plot + table: ``python bench/report.py``.
+
+Segmentation section (``segmentation_rows``): pixel accuracy + mean IoU on
+one channel-first batch, scores ``[8, 21, 512, 512]`` float32 with targets
+``[8, 512, 512]`` (``--quick``: ``[4, 21, 128, 128]``), d9d vs torchmetrics
+(defaults; validate_args=False) vs hand-written torch (argmax + bincount),
+and d9d fed a ``movedim(1, -1).contiguous()`` copy (what channel-last-only
+input costs). Besides the times, the peak memory one update adds over its
+inputs goes to ``bench_update_segmentation_memory.csv`` beside ``--out`` (CPU: the process's
+resident high-water mark, reset before the call; CUDA: the allocator's peak).
 """
 
 from __future__ import annotations
 
 import argparse
+import subprocess
 import sys
 from pathlib import Path
 
@@ -42,6 +53,10 @@ def parse(argv=None):
     p.add_argument("--providers", nargs="*", default=list(pv.UPDATE_PROVIDERS), choices=pv.UPDATE_PROVIDERS)
     p.add_argument("--out", default=str(harness.RESULTS / f"{BENCH}.csv"))
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    p.add_argument("--segmentation", choices=("with", "only", "off"), default="with",
+                   help="the [8, 21, 512, 512] segmentation section: with the group rows (default), only it, or off")
+    p.add_argument("--seg-peak", default=None, choices=SEG_PROVIDERS, help=argparse.SUPPRESS)  # child process
+    p.add_argument("--seg-shape", default=None, help=argparse.SUPPRESS)
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda: on cuda the d9d update is also "
                    "run under torch.cuda.set_sync_debug_mode('error') and its host syncs per step recorded")
     a = p.parse_args(argv)
@@ -80,12 +95,14 @@ def host_sync_check(g, inputs, out_csv, C, N) -> None:
 
 def main(argv=None) -> int:
     a = parse(argv)
+    if a.seg_peak:
+        return segmentation_peak_child(a)
     if a.threads:
         torch.set_num_threads(a.threads)
     timing = harness.Timing.tiny() if a.tiny else (harness.Timing.quick() if a.quick else harness.Timing())
     rows, dev = [], torch.device(a.device)
     sync = torch.cuda.synchronize if dev.type == "cuda" else None
-    for C in a.classes:
+    for C in a.classes if a.segmentation != "only" else ():
         for N in a.batches:
             inputs = pv.update_inputs(N, C, device=dev)
             for prov in a.providers:
@@ -99,9 +116,154 @@ def main(argv=None) -> int:
                 print(f"{BENCH}: C={C:<5d} N={N:<6d} {prov:<18s} {st.p50 * 1e6:>12.1f} us  "
                       f"[p20 {st.p20 * 1e6:.1f}, p80 {st.p80 * 1e6:.1f}]", flush=True)
                 del g
+    if a.segmentation != "off":
+        rows.extend(segmentation_rows(a, timing, dev))
     harness.write_csv(a.out, rows)
     print(f"{BENCH}: wrote {a.out} ({len(rows)} rows)")
     return 0
+
+
+# ---------------------------------------------------------------- segmentation
+SEG_FULL = (8, 21, 512, 512)
+SEG_QUICK = (4, 21, 128, 128)
+SEG_TINY = (2, 5, 8, 8)
+SEG_PROVIDERS = ("d9d", "d9d_movedim_copy", "torchmetrics", "torchmetrics_fast", "plain_torch")
+
+
+def segmentation_update(provider: str, C: int, device):
+    """``(update(preds, target), compute() -> (pixel accuracy, mean IoU))`` of one provider."""
+    if provider.startswith("d9d"):
+        import d9d_kernels as dk
+
+        copy = provider == "d9d_movedim_copy"
+        kw = dict(task="multiclass", num_classes=C, class_dim=-1 if copy else None)
+        g = dk.MetricGroup({"acc": dk.Accuracy(**kw), "miou": dk.JaccardIndex(**kw)}, device=device)
+
+        def update(p, t):
+            g.update(preds=p.movedim(1, -1).contiguous() if copy else p, target=t)
+
+        return update, lambda: tuple(g.compute().values())
+    if provider.startswith("torchmetrics"):
+        from torchmetrics import MetricCollection
+        from torchmetrics.classification import MulticlassAccuracy, MulticlassJaccardIndex
+
+        kw = dict(num_classes=C, validate_args=provider == "torchmetrics")
+        col = MetricCollection({"acc": MulticlassAccuracy(**kw, average="micro"),
+                                "miou": MulticlassJaccardIndex(**kw)}).to(device)
+        return col.update, lambda: tuple(col.compute().values())
+    confmat = torch.zeros(C * C, dtype=torch.int64, device=device)  # plain torch: rows = target
+
+    def update(p, t):
+        confmat.add_(torch.bincount((t * C + p.argmax(1)).reshape(-1), minlength=C * C))
+
+    def compute():
+        cm = confmat.reshape(C, C).double()
+        tp = cm.diagonal()
+        union = cm.sum(0) + cm.sum(1) - tp
+        return tp.sum() / cm.sum(), (tp / union)[union > 0].mean()
+
+    return update, compute
+
+
+def _resident_kib(key: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key):
+                return int(line.split()[1])
+    raise KeyError(key)
+
+
+def _fresh_pages_for_large_allocations() -> None:
+    """glibc serves a freed block again from resident pages, invisible to the
+    high-water mark: a fixed 64 KiB mmap threshold maps every larger block
+    afresh (and unmaps it when freed), so each one shows in the mark."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libc.so.6").mallopt(-3, 64 * 1024)  # M_MMAP_THRESHOLD
+    except OSError:
+        pass
+
+
+def peak_extra_mib(fn, device) -> float:
+    """Peak memory that one ``fn()`` adds on top of what exists before it (MiB)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        fn()
+        torch.cuda.synchronize()
+        return (torch.cuda.max_memory_allocated() - base) / 2**20
+    try:
+        with open("/proc/self/clear_refs", "w") as f:  # "5" resets the resident high-water mark (Linux)
+            f.write("5")
+        base = _resident_kib("VmRSS")
+        fn()
+        return (_resident_kib("VmHWM") - base) / 1024
+    except OSError:
+        return float("nan")
+
+
+def _segmentation_inputs(N, C, H, W, dev):
+    g = torch.Generator(device=dev).manual_seed(0)
+    return torch.randn(N, C, H, W, device=dev, generator=g), torch.randint(0, C, (N, H, W), device=dev, generator=g)
+
+
+def segmentation_peak_child(a) -> int:
+    """Child process: prints the least of 3 peaks of one warm update (MiB)."""
+    _fresh_pages_for_large_allocations()
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    dev = torch.device(a.device)
+    N, C, H, W = (int(v) for v in a.seg_shape.split(","))
+    preds, target = _segmentation_inputs(N, C, H, W, dev)
+    update, _ = segmentation_update(a.seg_peak, C, dev)
+    update(preds, target)
+    print("peak_extra_mib", min(peak_extra_mib(lambda: update(preds, target), dev) for _ in range(3)))
+    return 0
+
+
+def segmentation_rows(a, timing, dev) -> list[dict]:
+    import csv
+
+    N, C, H, W = SEG_TINY if a.tiny else (SEG_QUICK if a.quick else SEG_FULL)
+    shape = f"N={N},C={C},H={H},W={W}"
+    preds, target = _segmentation_inputs(N, C, H, W, dev)
+    sync = torch.cuda.synchronize if dev.type == "cuda" else None
+    input_mib = (preds.numel() * preds.element_size() + target.numel() * target.element_size()) / 2**20
+    rows, mem, values = [], [], {}
+    for prov in SEG_PROVIDERS:
+        update, compute = segmentation_update(prov, C, dev)
+        update(preds, target)  # warm-up: allocation, compute-group detection
+        values[prov] = [float(v) for v in compute()]
+        st = harness.measure(lambda: update(preds, target), timing, sync=sync)
+        rows.append(harness.row(BENCH, op="segmentation_update", provider=prov, shape=shape, dtype="float32",
+                                device=dev.type, stats=st))
+        print(f"{BENCH}: segmentation {shape} {prov:<18s} {st.p50 * 1e3:>10.2f} ms  "
+              f"[p20 {st.p20 * 1e3:.2f}, p80 {st.p80 * 1e3:.2f}]", flush=True)
+        del update, compute
+    del preds, target
+    for prov in SEG_PROVIDERS:  # each in a fresh process: no freed memory of another provider to reuse
+        cmd = [sys.executable, __file__, "--seg-peak", prov, "--seg-shape", f"{N},{C},{H},{W}", "--device", a.device]
+        if a.threads:
+            cmd += ["--threads", str(a.threads)]
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=True).stdout
+        peak = float(out.strip().splitlines()[-1].split()[-1])
+        mem.append({"provider": prov, "shape": shape, "device": dev.type, "input_mib": f"{input_mib:.1f}",
+                    "peak_extra_mib": f"{peak:.1f}", "git_sha": harness.git_sha()})
+        print(f"{BENCH}: segmentation {shape} {prov:<18s} peak +{peak:.1f} MiB over {input_mib:.1f} MiB of inputs",
+              flush=True)
+    ref = values["torchmetrics"]
+    for prov, v in values.items():  # the same numbers, or the timing compares different work
+        if max(abs(x - y) for x, y in zip(v, ref)) > 1e-5:
+            raise AssertionError(f"{BENCH}: segmentation {prov} gives {v}, torchmetrics {ref}")
+    path = Path(a.out).with_name(f"{BENCH}_segmentation_memory.csv")
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(mem[0]))
+        w.writeheader()
+        w.writerows(mem)
+    print(f"{BENCH}: wrote {path}")
+    return rows
 
 
 if __name__ == "__main__":

@@ -8,6 +8,10 @@ import torch
 
 TASKS = ("binary", "multiclass", "multilabel")
 NAN_STRATEGIES = ("error", "ignore", "propagate")
+MULTIDIM_AVERAGES = ("global", "samplewise")
+# None: torchmetrics' channel-first reading where the shapes allow it, else
+# channel-last; 1 / -1: only that reading.
+CLASS_DIMS = (None, 1, -1)
 
 
 def fail(metric: str, arg: str, msg: str, exc: type = ValueError):
@@ -38,6 +42,58 @@ def check_ignore_index(metric: str, v) -> None:
 def check_threshold(metric: str, v) -> None:
     check(isinstance(v, (int, float)) and not isinstance(v, bool), metric, "threshold", f"must be a float, got {v!r}", TypeError)
     check(0.0 <= float(v) <= 1.0 and math.isfinite(float(v)), metric, "threshold", f"must lie in [0, 1], got {v}")
+
+
+def check_class_dim(metric: str, v) -> None:
+    check(v is None or (isinstance(v, int) and not isinstance(v, bool)), metric, "class_dim",
+          f"must be None, 1 or -1, got {v!r}", TypeError)
+    check_choice(metric, "class_dim", v, CLASS_DIMS)
+
+
+def score_class_dim(metric: str, ps: tuple, ts: tuple, n: int, class_dim, what: str = "num_classes") -> int:
+    """Where the ``n`` classes of scores ``ps`` (one dim more than target ``ts``) are:
+    1 (torchmetrics' ``[N, C, d1, ...]``) or -1 (``[..., C]``).
+
+    ``class_dim=None`` takes torchmetrics' reading whenever the shapes fit it,
+    so an ambiguous ``[B, C, T]`` with ``T == C`` is read channel-first as
+    torchmetrics reads it; channel-last only when channel-first does not fit.
+    """
+    first = len(ps) >= 2 and ps[1] == n and ps[:1] + ps[2:] == ts
+    last = ps[-1] == n and ps[:-1] == ts
+    if class_dim != -1 and first:
+        return 1
+    if class_dim != 1 and last:
+        return -1
+    want = {None: f"[N, {what}, d1, ...] (channel-first, target [N, d1, ...]) or target.shape + ({what},)",
+            1: f"[N, {what}, d1, ...] with target [N, d1, ...] (class_dim=1)",
+            -1: f"target.shape + ({what},) = {ts + (n,)} (class_dim=-1)"}[class_dim]
+    fail(metric, "preds", f"scores must have shape {want}; got preds {ps} and target {ts} with {what}={n}")
+
+
+def label_dim(metric: str, ps: tuple, n: int, class_dim) -> int:
+    """Where the ``n`` labels of multilabel ``preds`` (target's shape) are: 1
+    (torchmetrics' ``[N, L, d1, ...]``, preferred when both fit) or -1."""
+    first = len(ps) >= 2 and ps[1] == n
+    last = len(ps) >= 2 and ps[-1] == n
+    if class_dim != -1 and first:
+        return 1
+    if class_dim != 1 and last:
+        return -1
+    where = {None: "[N, num_labels, d1, ...] or [..., num_labels]", 1: "[N, num_labels, d1, ...] (class_dim=1)",
+             -1: "[..., num_labels] (class_dim=-1)"}[class_dim]
+    fail(metric, "preds", f"must have shape {where} with num_labels={n}, got {ps}")
+
+
+def channel_last(t: torch.Tensor, dim: int) -> torch.Tensor:
+    """``t`` with its class dim last: a view (``movedim``), never a copy."""
+    return t.movedim(1, -1) if dim == 1 and t.dim() > 2 else t
+
+
+def check_index_dtype(metric: str, arg: str, t: torch.Tensor) -> None:
+    """Class indices must have an integer dtype: a floating target (1.5, or
+    even 1.0) is a dtype mistake visible from metadata, caught at update."""
+    if t.is_floating_point():
+        fail(metric, arg, f"must hold integer class indices, got {t.dtype} (convert with .long())", TypeError)
 
 
 def broadcasts_to(shape, target_shape) -> bool:

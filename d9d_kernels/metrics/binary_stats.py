@@ -12,10 +12,33 @@ from typing import Hashable
 import torch
 
 from d9d_kernels import ops
-from d9d_kernels.metrics.class_stats import nonfinite_rows
+from d9d_kernels.metrics.class_stats import mergeable, nonfinite_rows
 from d9d_kernels.core.statistic import SUM, Slot, Statistic
 
-__all__ = ["BinaryStatistic", "flatten_labels"]
+__all__ = ["BinaryStatistic", "flatten_labels", "sample_columns"]
+
+
+def sample_columns(t: torch.Tensor, labels_last: bool) -> torch.Tensor:
+    """``[N, d1, ..., L]`` (``labels_last``) or ``[N, d1, ...]`` as ``[S, N * L]``
+    (``L = 1``): column ``n * L + l`` holds sample n's label l. A view of
+    channel-first ``[N, L, d1, ...]`` input (the form ``binary_stats`` reads
+    in place through its strides), a copy otherwise."""
+    x = t.movedim(-1, 1) if labels_last else t.unsqueeze(1)
+    return x.reshape(x.shape[0] * x.shape[1], -1).t()
+
+
+def _label_columns(state: dict, L: int, preds, target, mask, run) -> None:
+    """Multilabel ``[N, d1, ..., L]`` that does not flatten to ``[R, L]`` as a
+    view (channel-first input with its label dim moved last): one
+    ``binary_stats`` call on ``[S, N * L]`` columns (views) into per-(sample,
+    label) counts, then summed over samples into ``state``."""
+    n = preds.shape[0]
+    if mask is not None:
+        mask = torch.broadcast_to(mask, target.shape)
+    counts = torch.zeros(n * L, 4, dtype=torch.float64, device=state["state"].device)
+    cols = [None if x is None else sample_columns(x, True) for x in (preds, target, mask)]
+    run(*cols, counts)
+    state["state"].add_(counts.view(n, L, 4).sum(0))
 
 
 def flatten_labels(num_labels: int | None, preds, target, mask):
@@ -82,12 +105,16 @@ class BinaryStatistic(Statistic):
     def update(self, state: dict[str, torch.Tensor], **inputs) -> None:
         preds, target = inputs[self.inputs[0]], inputs[self.inputs[1]]
         mask = inputs.get(self.inputs[2]) if len(self.inputs) > 2 else None
-        preds, target, mask = flatten_labels(self.num_labels, preds, target, mask)
-        ops.binary_stats(
-            preds, target, mask,
-            state=state["state"], bad=state["bad"],
-            threshold=self.threshold, ignore_index=self.ignore_index,
-        )
+
+        def run(p, t, m, counts):
+            ops.binary_stats(p, t, m, state=counts, bad=state["bad"], threshold=self.threshold,
+                             ignore_index=self.ignore_index)
+
+        if self.num_labels is not None and preds.dim() > 2 and not mergeable(preds.shape[:-1], preds.stride()[:-1]):
+            _label_columns(state, self.num_labels, preds, target, mask, run)
+        else:
+            preds, target, mask = flatten_labels(self.num_labels, preds, target, mask)
+            run(preds, target, mask, state["state"])
         if self.count_nonfinite and preds.is_floating_point():
             state["nonfinite"].add_(nonfinite_rows(preds, target, mask, self.ignore_index, preds.dim()))
 

@@ -21,7 +21,47 @@ from d9d_kernels.ops._dispatch import FLOATS, pick
 from d9d_kernels.reference import valid_score_rows
 from d9d_kernels.core.statistic import SUM, Slot, Statistic
 
-__all__ = ["ClassStatistic", "nonfinite_rows"]
+__all__ = ["ClassStatistic", "nonfinite_rows", "score_blocks", "mergeable"]
+
+#: Channel-first scores (``[N, C, d1, ...]`` moved to ``[N, d1, ..., C]``, a
+#: view) do not flatten to ``[R, C]`` without a copy. A sample of at least
+#: SAMPLE_VIEW_SCORES scores goes to the op as its own ``[S, C]`` view (one
+#: call, ~14 us, per sample); smaller samples are gathered into blocks of about
+#: BLOCK_SCORES scores, each a copy: extra memory stays one block, not the
+#: batch. Measured with bench/bench_update.py (segmentation section).
+SAMPLE_VIEW_SCORES = 1 << 16
+BLOCK_SCORES = 1 << 20
+
+
+def mergeable(sizes, strides) -> bool:
+    """Whether dims of these sizes/strides flatten to one dim as a view."""
+    expected = None
+    for size, stride in zip(reversed(sizes), reversed(strides)):
+        if size == 1:
+            continue
+        if expected is not None and stride != expected:
+            return False
+        expected = stride * size
+    return True
+
+
+def score_blocks(preds: torch.Tensor, target: torch.Tensor, mask: torch.Tensor | None, num_classes: int):
+    """Scores ``[..., C]`` and their ``target`` ``[...]`` as ``[(preds [R, C],
+    target [R], mask [R] | None)]``: one block when the leading dims flatten
+    as a view, else blocks of whole samples (dim 0) that do."""
+    C = num_classes
+    if mask is not None:
+        mask = torch.broadcast_to(mask, target.shape)
+    if mergeable(preds.shape[:-1], preds.stride()[:-1]):
+        return [(preds.reshape(-1, C), target.reshape(-1), None if mask is None else mask.reshape(-1))]
+    n = preds.shape[0]
+    per_sample = max(1, preds[0].numel())
+    k = 1 if per_sample >= SAMPLE_VIEW_SCORES else -(-BLOCK_SCORES // per_sample)
+    return [
+        (preds[i : i + k].reshape(-1, C), target[i : i + k].reshape(-1),
+         None if mask is None else mask[i : i + k].reshape(-1))
+        for i in range(0, n, k)
+    ]
 
 
 def nonfinite_rows(
@@ -130,21 +170,26 @@ class ClassStatistic(Statistic):
         if preds.is_floating_point() and preds.dim() == target.dim():
             # floating class indices (same shape as target): non-whole values are counted as bad
             preds = as_index("class_stats", "preds", preds, preds.device)
-        ops.class_stats(
-            preds,
-            target,
-            mask,
-            num_classes=self.num_classes,
-            stats=state["stats"],
-            extras=state["extras"],
-            bad=state["bad"],
-            confmat=state.get("confmat"),
-            ignore_index=self.ignore_index,
-            top_ks=self.top_ks,
-            nll=self.nll,
-        )
-        if self.count_nonfinite and preds.is_floating_point():
-            state["nonfinite"].add_(nonfinite_rows(preds, target, mask, self.ignore_index, target.dim(), class_rows=True))
+        if preds.dim() > target.dim() and preds.dim() > 2:
+            blocks = score_blocks(preds, target, mask, self.num_classes)
+        else:
+            blocks = [(preds, target, mask)]
+        for p, t, m in blocks:
+            ops.class_stats(
+                p,
+                t,
+                m,
+                num_classes=self.num_classes,
+                stats=state["stats"],
+                extras=state["extras"],
+                bad=state["bad"],
+                confmat=state.get("confmat"),
+                ignore_index=self.ignore_index,
+                top_ks=self.top_ks,
+                nll=self.nll,
+            )
+            if self.count_nonfinite and p.is_floating_point():
+                state["nonfinite"].add_(nonfinite_rows(p, t, m, self.ignore_index, t.dim(), class_rows=True))
 
     def bind(self, sample: dict):
         """The raw ``class_stats`` op when ``sample`` needs no reshaping:

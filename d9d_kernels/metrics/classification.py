@@ -8,9 +8,15 @@ and "multilabel") to a pure formula in ``formulas.classification``. In a
 ``class_stats`` kernel per ``g.update(...)``.
 
 Constructor arguments follow torchmetrics 1.9 (``task``, ``num_classes``,
-``num_labels``, ``threshold``, ``top_k``, ``average``, ``ignore_index``),
-defaults included (``average="micro"``, JaccardIndex ``"macro"``), plus
-``nan_strategy``:
+``num_labels``, ``threshold``, ``top_k``, ``average``, ``ignore_index``,
+``multidim_average`` where torchmetrics has it), defaults included
+(``average="micro"``, JaccardIndex ``"macro"``). Inputs are read as
+torchmetrics reads them: scores ``[N, C, d1, ...]`` with targets
+``[N, d1, ...]``, multilabel ``[N, L, d1, ...]``; channel-last
+``[..., C]`` when channel-first does not fit the shapes, or always with
+``class_dim=-1`` (docs/metrics.md). ``multidim_average="samplewise"``:
+``compute()`` is the mean of torchmetrics' per-sample values
+(``SamplewiseStatistic``). Plus ``nan_strategy``:
 
 * ``"error"`` (default): ``compute()`` raises ``ValueError`` with the count of
   bad rows (class index out of range, NaN/Inf scores); bad rows are left out.
@@ -30,6 +36,7 @@ from d9d_kernels.core.metric import Metric
 from d9d_kernels.metrics import _args as A
 from d9d_kernels.metrics.binary_stats import BinaryStatistic
 from d9d_kernels.metrics.class_stats import ClassStatistic
+from d9d_kernels.metrics.samplewise import SamplewiseStatistic
 from d9d_kernels.metrics.formulas import classification as F
 
 __all__ = [
@@ -54,6 +61,7 @@ class _Classification(Metric):
     _default_average = "micro"
     _uses_average = True
     _needs_confmat = False
+    _has_multidim_average = True
     _allowed_tasks = A.TASKS
 
     def __init__(
@@ -66,10 +74,17 @@ class _Classification(Metric):
         average: str | None = "default",
         ignore_index: int | None = None,
         nan_strategy: str = "error",
+        multidim_average: str = "global",
+        class_dim: int | None = None,
     ):
         super().__init__(nan_strategy=nan_strategy)
         name = type(self).__name__
         A.check_choice(name, "task", task, self._allowed_tasks)
+        A.check_choice(name, "multidim_average", multidim_average, A.MULTIDIM_AVERAGES)
+        if multidim_average != "global" and not self._has_multidim_average:
+            A.fail(name, "multidim_average",
+                   f"is not supported by {name} (torchmetrics has none either), got {multidim_average!r}")
+        A.check_class_dim(name, class_dim)
         if average == "default":
             average = self._default_average
         if average is None:
@@ -99,11 +114,21 @@ class _Classification(Metric):
         self.top_k = int(top_k)
         self.average = average
         self.ignore_index = ignore_index
+        self.multidim_average = multidim_average
+        self.class_dim = class_dim
 
     # -- statistics ---------------------------------------------------------
 
     def _statistic(self):
         nonfinite = self.nan_strategy != "error"
+        if self.multidim_average == "samplewise":
+            size = self.num_classes if self.task == "multiclass" else self.num_labels
+            shape = (size,) if self.task != "binary" and self.average == "none" else ()
+            key = (type(self).__name__, self.average, getattr(self, "beta", None))
+            return SamplewiseStatistic(
+                self.task, size, self._sample_scores, key, shape, threshold=self.threshold,
+                ignore_index=self.ignore_index, top_k=self.top_k, count_nonfinite=nonfinite, inputs=INPUTS,
+            )
         if self.task == "multiclass":
             return ClassStatistic(
                 self.num_classes, self.ignore_index, (self.top_k,), confmat=self._needs_confmat,
@@ -116,34 +141,49 @@ class _Classification(Metric):
 
     # -- update -------------------------------------------------------------
 
-    def _check_inputs(self, preds, target, mask) -> None:
+    def _check_inputs(self, preds, target, mask):
+        """Checks metadata; returns ``preds, target`` with the class / label
+        dim last (views of the inputs: channel-first ``[N, C, d1, ...]`` is
+        moved, not copied; the inputs themselves when nothing moves)."""
         name = type(self).__name__
         A.check_preds_target(name, preds, target)
         ps, ts = tuple(preds.shape), tuple(target.shape)
+        least = (2, "[N, d1, ...]")  # the least samplewise input (torchmetrics' rule)
         if self.task == "multiclass":
             C = self.num_classes
-            if preds.is_floating_point() and preds.dim() == target.dim() + 1:
-                if not (ps[:-1] == ts):
-                    A.fail(name, "preds", f"scores must have shape target.shape + (num_classes,) = {ts + (C,)}, got {ps}")
-                if not (ps[-1] == C):
-                    A.fail(name, "preds", f"has {ps[-1]} classes in its last dim but num_classes={C}")
+            A.check_index_dtype(name, "target", target)
+            if preds.dim() == target.dim() + 1:
+                if not preds.is_floating_point():
+                    A.fail(name, "preds", f"with one dim more than target must be floating scores, got {preds.dtype}",
+                           TypeError)
+                preds = A.channel_last(preds, A.score_class_dim(name, ps, ts, C, self.class_dim))
+                least = (3, "[N, C, d1, ...]")
             else:
                 if ps != ts:
-                    A.fail(name, "preds", f"must be class indices of target's shape {ts} or scores of shape {ts + (C,)}, got {ps}")
+                    A.fail(name, "preds", f"must be class indices of target's shape {ts} or scores [N, C, d1, ...] / "
+                           f"target.shape + (C,) with C = num_classes = {C}, got {ps}")
                 if not (self.top_k == 1):
-                    A.fail(name, "preds", f"must be scores [..., num_classes] for top_k={self.top_k}, got class indices")
+                    A.fail(name, "preds", f"must be scores [N, C, ...] for top_k={self.top_k}, got class indices")
         else:
             if not (ps == ts):
                 A.fail(name, "preds", f"must have target's shape {ts}, got {ps}")
             if self.task == "multilabel":
-                if not (len(ps) >= 2 and ps[-1] == self.num_labels):
-                    A.fail(name, "preds", f"must have shape [..., num_labels={self.num_labels}], got {ps}")
+                dim = A.label_dim(name, ps, self.num_labels, self.class_dim)
+                preds, target = A.channel_last(preds, dim), A.channel_last(target, dim)
+                least = (3, "[N, num_labels, d1, ...]")
+        if self.multidim_average == "samplewise" and len(ps) < least[0]:
+            A.fail(name, "preds", f"must be at least {least[0]}-D {least[1]} for multidim_average='samplewise', "
+                   f"got {ps}")
         A.check_mask(name, mask, ts)
+        return preds, target
 
     def update(self, preds: torch.Tensor, target: torch.Tensor, mask: torch.Tensor | None = None) -> None:
-        """Adds a batch (device-local, no host sync)."""
-        self._check_inputs(preds, target, mask)
-        self._feed({"stats": dict(preds=preds, target=target, mask=mask)})
+        """Adds a batch (device-local, no host sync). ``mask`` broadcasts to
+        ``target`` as given (before any class dim is moved)."""
+        preds_cl, target_cl = self._check_inputs(preds, target, mask)
+        if mask is not None and target_cl is not target:
+            mask = A.channel_last(torch.broadcast_to(mask, target.shape), 1)
+        self._feed({"stats": dict(preds=preds_cl, target=target_cl, mask=mask)})
 
     # -- compute ------------------------------------------------------------
 
@@ -175,14 +215,18 @@ class _Classification(Metric):
 
     def _compute(self, states):
         s = states["stats"]
+        if self.multidim_average == "samplewise":
+            return self._finish(s, F.safe_div(s["sum"], s["count"][0]))
         return self._finish(s, self._value(s))
 
     def _value(self, s) -> torch.Tensor:
-        tp, fp, tn, fn = self._counts(s)
-        multilabel = self.task != "multiclass"
+        return self._sample_scores(*self._counts(s))
+
+    def _sample_scores(self, tp, fp, tn, fn) -> torch.Tensor:
+        """The metric of counts ``[..., C]`` (leading dims: samples), reduced over the last dim."""
         if self.task == "binary":
             return self._formula(tp, fp, tn, fn, "micro", True, 1)
-        return self._formula(tp, fp, tn, fn, self.average, multilabel, self.top_k)
+        return self._formula(tp, fp, tn, fn, self.average, self.task != "multiclass", self.top_k)
 
     def _formula(self, tp, fp, tn, fn, average, multilabel, top_k):
         raise NotImplementedError
@@ -221,12 +265,13 @@ class FBetaScore(_Classification):
     """F-beta (torchmetrics ``FBetaScore`` / sklearn ``fbeta_score``)."""
 
     def __init__(self, task: str, beta: float = 1.0, num_classes=None, num_labels=None, threshold=0.5, top_k=1,
-                 average="default", ignore_index=None, nan_strategy="error"):
+                 average="default", ignore_index=None, nan_strategy="error", multidim_average="global", class_dim=None):
         name = type(self).__name__
         A.check(isinstance(beta, (int, float)) and not isinstance(beta, bool) and beta > 0, name, "beta",
                 f"must be a float > 0, got {beta!r}")
-        super().__init__(task, num_classes, num_labels, threshold, top_k, average, ignore_index, nan_strategy)
         self.beta = float(beta)
+        super().__init__(task, num_classes, num_labels, threshold, top_k, average, ignore_index, nan_strategy,
+                         multidim_average, class_dim)
 
     def _formula(self, tp, fp, tn, fn, average, multilabel, top_k):
         return F.fbeta(tp, fp, tn, fn, self.beta, average, multilabel, top_k)
@@ -244,8 +289,9 @@ class F1Score(FBetaScore):
     """
 
     def __init__(self, task: str, num_classes=None, num_labels=None, threshold=0.5, top_k=1,
-                 average="default", ignore_index=None, nan_strategy="error"):
-        super().__init__(task, 1.0, num_classes, num_labels, threshold, top_k, average, ignore_index, nan_strategy)
+                 average="default", ignore_index=None, nan_strategy="error", multidim_average="global", class_dim=None):
+        super().__init__(task, 1.0, num_classes, num_labels, threshold, top_k, average, ignore_index, nan_strategy,
+                         multidim_average, class_dim)
 
 
 class Specificity(_Classification):
@@ -260,6 +306,7 @@ class JaccardIndex(_Classification):
     default ``average="macro"`` / sklearn ``jaccard_score``)."""
 
     _default_average = "macro"
+    _has_multidim_average = False
 
     def _formula(self, tp, fp, tn, fn, average, multilabel, top_k):
         return F.jaccard(tp, fp, tn, fn, average, multilabel, top_k)
@@ -268,6 +315,7 @@ class JaccardIndex(_Classification):
 class _ConfmatMetric(_Classification):
     _needs_confmat = True
     _uses_average = False
+    _has_multidim_average = False
 
     def _confmat(self, s) -> torch.Tensor:
         """``[C, C]`` (multiclass) or ``[L, 2, 2]`` (binary: L = 1)."""
@@ -296,9 +344,9 @@ class CohenKappa(_ConfmatMetric):
     _allowed_tasks = ("binary", "multiclass")
 
     def __init__(self, task: str, num_classes=None, threshold=0.5, weights: str | None = None, ignore_index=None,
-                 nan_strategy="error"):
+                 nan_strategy="error", class_dim=None):
         super().__init__(task, num_classes=num_classes, threshold=threshold, ignore_index=ignore_index,
-                         nan_strategy=nan_strategy)
+                         nan_strategy=nan_strategy, class_dim=class_dim)
         A.check_choice(type(self).__name__, "weights", weights, (None, "none", "linear", "quadratic"))
         self.weights = None if weights == "none" else weights
 
@@ -316,9 +364,9 @@ class ConfusionMatrix(_ConfmatMetric):
     "true" / "pred" / "all" (empty rows/columns stay 0)."""
 
     def __init__(self, task: str, num_classes=None, num_labels=None, threshold=0.5, normalize: str | None = None,
-                 ignore_index=None, nan_strategy="error"):
+                 ignore_index=None, nan_strategy="error", class_dim=None):
         super().__init__(task, num_classes=num_classes, num_labels=num_labels, threshold=threshold,
-                         ignore_index=ignore_index, nan_strategy=nan_strategy)
+                         ignore_index=ignore_index, nan_strategy=nan_strategy, class_dim=class_dim)
         A.check_choice(type(self).__name__, "normalize", normalize, (None, "none", "true", "pred", "all"))
         self.normalize = None if normalize == "none" else normalize
 

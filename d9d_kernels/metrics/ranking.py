@@ -39,9 +39,11 @@ class _Ranking(Metric):
         ignore_index: int | None = None,
         nan_strategy: str = "error",
         thresholds: int | None = None,
+        class_dim: int | None = None,
     ):
         super().__init__(nan_strategy=nan_strategy)
         name = type(self).__name__
+        A.check_class_dim(name, class_dim)
         if thresholds is not None:  # torchmetrics spelling: an int number of thresholds = bins
             A.check(isinstance(thresholds, int) and not isinstance(thresholds, bool), name, "thresholds",
                     f"must be an int (number of bins) here; explicit threshold lists are not supported, got {type(thresholds).__name__}",
@@ -64,6 +66,7 @@ class _Ranking(Metric):
         self.average = average
         self.num_bins = int(num_bins)
         self.ignore_index = ignore_index
+        self.class_dim = class_dim
 
     def _statistics(self):
         L = self.num_classes if self.task == "multiclass" else self.num_labels
@@ -75,26 +78,31 @@ class _Ranking(Metric):
         }
 
     def update(self, preds: torch.Tensor, target: torch.Tensor, mask: torch.Tensor | None = None) -> None:
-        """Adds a batch: binary ``[...]`` scores, multilabel ``[..., L]``,
-        multiclass ``[..., C]`` scores with ``[...]`` class-index targets."""
+        """Adds a batch: binary ``[N, ...]`` scores; multilabel ``[N, L, ...]``
+        (or ``[..., L]``); multiclass ``[N, C, ...]`` (or ``[..., C]``) scores with
+        ``[N, ...]`` class-index targets. ``mask`` broadcasts to ``target``."""
         name = type(self).__name__
         A.check_preds_target(name, preds, target)
         ps, ts = tuple(preds.shape), tuple(target.shape)
         if self.task == "multiclass":
-            C = self.num_classes
+            A.check_index_dtype(name, "target", target)
             if not (preds.is_floating_point()):
                 A.fail(name, "preds", f"must be floating scores for task='multiclass', got {preds.dtype}", TypeError)
-            if not (len(ps) == len(ts) + 1 and ps[:-1] == ts):
-                A.fail(name, "preds", f"must have shape target.shape + (num_classes,) = {ts + (C,)}, got {ps}")
-            if not (ps[-1] == C):
-                A.fail(name, "preds", f"has {ps[-1]} classes in its last dim but num_classes={C}")
+            if not (len(ps) == len(ts) + 1):
+                A.fail(name, "preds", f"scores must have one dim more than target (the classes), got {ps} and {ts}")
+            preds = A.channel_last(preds, A.score_class_dim(name, ps, ts, self.num_classes, self.class_dim))
         else:
             if not (ps == ts):
                 A.fail(name, "preds", f"must have target's shape {ts}, got {ps}")
+            A.check_mask(name, mask, ts)
             if self.task == "multilabel":
-                A.check(len(ps) >= 2 and ps[-1] == self.num_labels, name, "preds",
-                        f"must have shape [..., num_labels={self.num_labels}], got {ps}")
-        A.check_mask(name, mask, ts)
+                dim = A.label_dim(name, ps, self.num_labels, self.class_dim)
+                if dim == 1 and len(ps) > 2:
+                    if mask is not None:
+                        mask = A.channel_last(torch.broadcast_to(mask, target.shape), 1)
+                    preds, target = A.channel_last(preds, 1), A.channel_last(target, 1)
+        if self.task == "multiclass":
+            A.check_mask(name, mask, ts)
         self._feed({"hist": dict(preds=preds, target=target, mask=mask)})
 
     def _raise_on_bad(self) -> bool:

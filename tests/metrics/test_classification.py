@@ -62,28 +62,30 @@ def _sk_multiclass(name, y, p, C, average, beta=None):
 def test_multiclass_against_sklearn(seed, n, C, kind, absent, ignore, masked, shape3d):
     rng = np.random.default_rng(seed)
     preds, target, mask, y, p, _ = multiclass_data(rng, n, C, kind, absent, ignore, masked, shape3d)
+    # [B, T, C] scores: channel-last, explicitly (T == C would otherwise be read channel-first, as torchmetrics does)
+    lay = dict(class_dim=-1) if preds.dim() == 3 else {}
     for name in ["Accuracy", "Precision", "Recall", "F1Score", "JaccardIndex"]:
         for average in AVERAGES:
-            got = _run(_mc(name, C, average=average, ignore_index=ignore), preds, target, mask)
+            got = _run(_mc(name, C, average=average, ignore_index=ignore, **lay), preds, target, mask)
             close(got, _sk_multiclass(name, y, p, C, average), msg=f"{name} {average}")
     for average in AVERAGES:
-        got = _run(_mc("FBetaScore", C, beta=0.5, average=average, ignore_index=ignore), preds, target, mask)
+        got = _run(_mc("FBetaScore", C, beta=0.5, average=average, ignore_index=ignore, **lay), preds, target, mask)
         close(got, _sk_multiclass("FBetaScore", y, p, C, average, beta=0.5), msg=f"FBeta {average}")
         # specificity: no sklearn counterpart -> torchmetrics on the kept rows
-        got = _run(_mc("Specificity", C, average=average, ignore_index=ignore), preds, target, mask)
+        got = _run(_mc("Specificity", C, average=average, ignore_index=ignore, **lay), preds, target, mask)
         if len(y):  # torchmetrics computes in float32
             exp = tmf.multiclass_specificity(torch.from_numpy(p), torch.from_numpy(y), C, average=average).double()
             close(got, exp, atol=1e-6, msg=f"Specificity {average}")
         else:
             close(got, np.zeros(C) if average == "none" else 0.0, msg=f"Specificity {average}")
-    mcc = _run(_mc("MatthewsCorrCoef", C, ignore_index=ignore), preds, target, mask)
+    mcc = _run(_mc("MatthewsCorrCoef", C, ignore_index=ignore, **lay), preds, target, mask)
     close(mcc, skm.matthews_corrcoef(y, p) if len(y) else 0.0, msg="MCC")
     for w in [None, "linear", "quadratic"]:
-        kappa = _run(_mc("CohenKappa", C, weights=w, ignore_index=ignore), preds, target, mask)
+        kappa = _run(_mc("CohenKappa", C, weights=w, ignore_index=ignore, **lay), preds, target, mask)
         exp = quiet(skm.cohen_kappa_score, y, p, labels=list(range(C)), weights=w, replace_undefined_by=0.0) if len(y) else 0.0
         close(kappa, exp, atol=1e-10, msg=f"kappa {w}")
     for norm in [None, "true", "pred", "all"]:
-        cm = _run(_mc("ConfusionMatrix", C, normalize=norm, ignore_index=ignore), preds, target, mask)
+        cm = _run(_mc("ConfusionMatrix", C, normalize=norm, ignore_index=ignore, **lay), preds, target, mask)
         exp = quiet(skm.confusion_matrix, y, p, labels=list(range(C)), normalize=norm) if len(y) else np.zeros((C, C))
         if norm is None:  # counts: exact
             assert np.array_equal(cm.numpy(), exp), (cm, exp)
