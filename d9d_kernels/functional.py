@@ -44,7 +44,7 @@ from typing import Mapping, Optional
 import torch
 import torch.distributed as dist
 
-from d9d_kernels.distributed import DistributedContext
+from d9d_kernels.distributed import DistributedContext, as_context
 
 __all__ = [
     "reduce_mean",
@@ -62,13 +62,7 @@ _ALIGN = 16  # byte alignment of each key's segment in all_gather's packed buffe
 
 
 def _context(ctx) -> DistributedContext:
-    if ctx is None:
-        return DistributedContext()
-    if isinstance(ctx, DistributedContext):
-        return ctx
-    if isinstance(ctx, dist.ProcessGroup):
-        return DistributedContext(group=ctx)
-    raise TypeError(f"ctx must be a DistributedContext, a ProcessGroup or None, got {type(ctx).__name__}")
+    return as_context(ctx)
 
 
 def _tensors(fn: str, metrics: Mapping) -> dict[str, torch.Tensor]:
@@ -123,7 +117,8 @@ def reduce_custom(
         reduce_fn: name -> "mean" | "sum" | "max" | "min" | None (None keeps
             this rank's value, unreduced). Must cover exactly the keys of
             ``metrics``.
-        ctx: a DistributedContext (None: the default world group, or local).
+        ctx: a DistributedContext, a ProcessGroup, a DeviceMesh (all its ranks)
+            or None (the default world group, or local).
 
     Returns:
         A new dict with the same keys (and order), each value reduced
