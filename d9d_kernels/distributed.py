@@ -594,47 +594,45 @@ class DistributedContext:
         explain: Optional[Callable[[list], str]] = None,
     ) -> Optional[torch.Tensor]:
         """Check that every rank passed the same ``fingerprint``, with ONE
-        fixed-shape SUM all-reduce, and sum ``payload`` across ranks in it.
+        fixed-shape MAX all-reduce, and max ``payload`` across ranks in it.
 
-        The buffer is ``[4 16-bit pieces of a 64-bit hash, their squares |
-        payload]``: all ranks hold the same hash iff every piece sums to
-        ``n * h`` and its square to ``n * h**2`` (exact in float64 up to
-        2**21 ranks), which every rank checks on its own. ``payload`` (float64,
-        the same shape on every rank; e.g. rank 0's values and zeros
-        elsewhere: ``x + 0`` is exact) rides in the same collective; the
-        summed payload is returned (None without one). The buffer lives on
-        ``device`` (default: the payload's, else CPU) and goes through the
+        The buffer is ``[h_hi, h_lo, -h_hi, -h_lo | payload]`` (the two 32-bit
+        words of a 64-bit hash, exact in float64): all ranks hold the same
+        hash iff the max of each word equals its min, which every rank checks
+        on its own. ``payload`` (float64, the same length on every rank; e.g.
+        rank 0's values and ``-inf`` elsewhere) rides in the same collective;
+        the reduced payload is returned (None without one). The buffer lives
+        on ``device`` (default: the payload's, else CPU) and goes through the
         usual device routing.
 
         On a mismatch every rank raises ``ValueError``: the ranks of each
         variant come from one gather of the hashes, and each variant's
         ``detail`` (a string, or a callable building it, only called then)
-        from its lowest rank, by two more collectives of fixed shape. The
-        message is ``explain(variants)`` with ``variants`` a list of
-        ``(ranks, detail text)`` (ranks: global, sorted; at most 4 variants),
-        or by default the first difference of the details. A rank that does
-        not arrive makes the others raise ``RuntimeError`` after ``timeout``.
-        No store operation: O(log W) latency, O(1) host work per rank.
+        from its lowest rank, by two more collectives. The message is
+        ``explain(variants)`` with ``variants`` a list of ``(global ranks,
+        detail text)`` (at most 4 variants), or by default the first
+        difference of the details. A rank that does not arrive makes the
+        others raise ``RuntimeError`` after ``timeout``. No store operation:
+        O(log W) latency, O(1) host work per rank.
         """
-        head = _hash_head(fingerprint)
+        words = _hash_words(fingerprint)
         if payload is not None and (payload.dtype != torch.float64 or payload.dim() != 1):
             raise ValueError("DistributedContext.handshake: payload must be a 1-d float64 tensor")
         if self.is_local:
             return None if payload is None else payload.clone()
         dev = torch.device(device) if device is not None else (payload.device if payload is not None else torch.device("cpu"))
         n_pay = 0 if payload is None else payload.numel()
-        buf = torch.empty(8 + n_pay, dtype=torch.float64, device=dev)
-        buf[:8].copy_(torch.tensor(head, dtype=torch.float64))
+        buf = torch.empty(4 + n_pay, dtype=torch.float64, device=dev)
+        buf[:4].copy_(torch.tensor(words + [-w for w in words], dtype=torch.float64))
         if payload is not None:
-            buf[8:].copy_(payload)
-        h = self.all_reduce(buf, "sum")
+            buf[4:].copy_(payload)
+        h = self.all_reduce(buf, "max")
         h._what = lambda: f"first-sync handshake of {what} over ranks {self.ranks}"
         h.wait()
-        n = self.world_size
-        got = buf[:8].tolist()
-        if any(got[i] != n * head[i] for i in range(8)):
+        got = buf[:4].tolist()
+        if got[0] != -got[2] or got[1] != -got[3]:  # max != min: not every rank holds this hash
             self._raise_mismatch(fingerprint, what, dev, detail, explain)
-        return None if payload is None else buf[8:]
+        return None if payload is None else buf[4:]
 
     def _raise_mismatch(self, fingerprint, what, dev, detail, explain) -> None:
         """Every rank: who holds which fingerprint, each variant's detail, then ValueError."""
@@ -687,13 +685,6 @@ def _hash_words(value: Union[str, bytes]) -> list[float]:
     return [float(h >> 32), float(h & 0xFFFFFFFF)]
 
 
-def _hash_head(value: Union[str, bytes]) -> list[float]:
-    """[p0..p3, p0**2..p3**2]: the hash's four 16-bit pieces (+1, never 0) and their squares."""
-    hi, lo = (int(w) for w in _hash_words(value))
-    pieces = [float(((hi << 32 | lo) >> (16 * i) & 0xFFFF) + 1) for i in range(4)]
-    return pieces + [p * p for p in pieces]
-
-
 def fmt_ranks(ranks: Sequence[int]) -> str:
     """``[0, 1, 2]``, or the first few and a count when there are many."""
     ranks = list(ranks)
@@ -713,7 +704,9 @@ def _first_difference(variants: list) -> str:
 
 # ------------------------------------------------------------------ ctx normalisation
 _DEFAULT_CTX = DistributedContext()  # the world group, resolved at each use
-_mesh_ctxs: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+# id(mesh) -> (weak ref to the mesh, its context): by identity, since equal
+# meshes of a re-initialised world hold other (new) groups
+_mesh_ctxs: dict[int, tuple] = {}
 
 
 def as_context(ctx) -> DistributedContext:
@@ -737,10 +730,11 @@ def as_context(ctx) -> DistributedContext:
         return st.ctx
     mesh_type = _device_mesh_type()
     if mesh_type is not None and isinstance(ctx, mesh_type):
-        out = _mesh_ctxs.get(ctx)
-        if out is None:
-            out = _mesh_ctxs[ctx] = _mesh_context(ctx)
-        return out
+        hit = _mesh_ctxs.get(id(ctx))
+        if hit is None or hit[0]() is not ctx:
+            key = id(ctx)
+            hit = _mesh_ctxs[key] = (weakref.ref(ctx, lambda _: _mesh_ctxs.pop(key, None)), _mesh_context(ctx))
+        return hit[1]
     if isinstance(ctx, int) and ctx == dist.GroupMember.NON_GROUP_MEMBER:
         return DistributedContext(group=ctx)  # raises: this rank is not in the group
     raise TypeError(

@@ -135,10 +135,11 @@ def wait(st: Storage) -> None:
 def handshake(st: Storage, ctx) -> None:
     """First sync of ``st`` on ``ctx``: same schema on every rank, REPLICA slots aligned.
 
-    ONE fixed-shape SUM all_reduce (``ctx.handshake``) checks the schema's
-    64-bit fingerprint and carries rank 0's REPLICA values (zeros from the
-    other ranks; the first ``HANDSHAKE_PAYLOAD`` doubles, the rest in one more
-    SUM). A statistic whose rank-0 replica is not settled (rank 0 saw no data
+    ONE fixed-shape MAX all_reduce (``ctx.handshake``) checks the schema's
+    64-bit fingerprint and carries rank 0's REPLICA values (``-inf`` from
+    the other ranks, NaN sent as ``-inf``: REPLICA values are finite or NaN
+    = unset; the first ``HANDSHAKE_PAYLOAD`` doubles, the rest in one more
+    MAX). A statistic whose rank-0 replica is not settled (rank 0 saw no data
     yet) takes the lowest settled rank's instead: one MAX of ``-rank`` per
     such statistic, then one SUM carrying the chosen ranks' values. Nothing
     here touches the store or grows with the world size. Until every
@@ -155,9 +156,9 @@ def handshake(st: Storage, ctx) -> None:
     head = min(n_rep, HANDSHAKE_PAYLOAD)
     # the same length on every rank whatever its schema: ranks that built
     # different groups must still issue the same collective
-    payload = torch.zeros(HANDSHAKE_PAYLOAD, dtype=torch.float64, device=st.device)
+    payload = torch.full((HANDSHAKE_PAYLOAD,), _NONE, dtype=torch.float64, device=st.device)
     if rank == 0 and head:
-        payload[:head].copy_(st.local[REPLICA][:head])
+        payload[:head].copy_(_send(st.local[REPLICA][:head]))
     got = ctx.handshake(
         layout.schema,
         f"metric schema of {st.label} (members, order, statistics, slot shapes)",
@@ -169,13 +170,13 @@ def handshake(st: Storage, ctx) -> None:
         st.handshakes[key] = "done"
         return
     chosen = torch.empty(n_rep, dtype=torch.float64, device=st.device)
-    chosen[:head].copy_(got[:head])
+    chosen[:head].copy_(_received(got[:head]))
     if n_rep > head:  # the rest of rank 0's values
-        rest = torch.zeros(n_rep - head, dtype=torch.float64, device=st.device)
+        rest = torch.full((n_rep - head,), _NONE, dtype=torch.float64, device=st.device)
         if rank == 0:
-            rest.copy_(st.local[REPLICA][head:])
-        ctx.all_reduce(rest, "sum").wait()
-        chosen[head:].copy_(rest)
+            rest.copy_(_send(st.local[REPLICA][head:]))
+        ctx.all_reduce(rest, "max").wait()
+        chosen[head:].copy_(_received(rest))
     buf = {REPLICA: chosen}
     # host reads of the (small) REPLICA buffers: handshake only, not per step
     open_idx = [j for j in rep_idx if not layout.stats[j].replica_settled(layout.views(buf, j, (REPLICA,)))]
@@ -191,8 +192,17 @@ def handshake(st: Storage, ctx) -> None:
 
 
 #: REPLICA doubles that ride in the handshake collective (2 KiB with its
-#: 8-double header: latency-bound, as cheap as 8 bytes on any network).
-HANDSHAKE_PAYLOAD = 248
+#: 4-double header: latency-bound, as cheap as 8 bytes on any network).
+HANDSHAKE_PAYLOAD = 252
+_NONE = float("-inf")  # "no value" in a MAX: what ranks other than the sender contribute
+
+
+def _send(v: torch.Tensor) -> torch.Tensor:
+    return torch.where(torch.isnan(v), _NONE, v)
+
+
+def _received(v: torch.Tensor) -> torch.Tensor:
+    return torch.where(v == _NONE, float("nan"), v)
 
 
 def _lowest_settled(st: Storage, ctx, open_idx: list[int], chosen: torch.Tensor) -> None:
