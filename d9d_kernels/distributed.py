@@ -193,7 +193,12 @@ class _EventWork:
         return True
 
 
-def _cuda_staged(group, st: "_GroupState", launch, out_host: torch.Tensor, in_host: Optional[torch.Tensor] = None):
+#: test hook: keyword arguments for _cuda_staged (a stand-in for torch.cuda on CPU)
+_STAGING: dict = {}
+
+
+def _cuda_staged(group, st: "_GroupState", launch, out_host: torch.Tensor, in_host: Optional[torch.Tensor] = None,
+                 *, cuda=None, device=None, pin: bool = True):
     """Runs ``launch(device_out, device_in, group)`` (an async c10d collective
     returning its work) on device copies of host tensors.
 
@@ -203,19 +208,22 @@ def _cuda_staged(group, st: "_GroupState", launch, out_host: torch.Tensor, in_ho
     for NCCL, not a host block), the D2H copy back into the pinned buffer and
     an event. Nothing here waits for the device. Returns ``(work, pinned
     result)``: the result is valid once ``work.wait()`` returned True.
+    ``cuda``, ``device``, ``pin``: torch.cuda, its current device, pinned
+    buffers (tests pass a CPU stand-in).
     """
-    dev = torch.device("cuda", torch.cuda.current_device())
-    if st.stream is None or st.stream.device != dev:
-        st.stream = torch.cuda.Stream(dev)
+    cuda = torch.cuda if cuda is None else cuda
+    dev = torch.device("cuda", cuda.current_device()) if device is None else torch.device(device)
+    if st.stream is None:  # the current device is fixed per rank
+        st.stream = cuda.Stream(dev)
     stream = st.stream
-    pinned_out = torch.empty(out_host.shape, dtype=out_host.dtype, pin_memory=True)
+    pinned_out = torch.empty(out_host.shape, dtype=out_host.dtype, pin_memory=pin)
     if in_host is None:  # an all_reduce reads its buffer; a gather only writes it
         pinned_out.copy_(out_host)
     pinned_in = None
     if in_host is not None:
-        pinned_in = torch.empty(in_host.shape, dtype=in_host.dtype, pin_memory=True)
+        pinned_in = torch.empty(in_host.shape, dtype=in_host.dtype, pin_memory=pin)
         pinned_in.copy_(in_host)
-    with torch.cuda.stream(stream):
+    with cuda.stream(stream):
         d_out = torch.empty(out_host.shape, dtype=out_host.dtype, device=dev)
         if in_host is None:
             d_out.copy_(pinned_out, non_blocking=True)
@@ -226,7 +234,7 @@ def _cuda_staged(group, st: "_GroupState", launch, out_host: torch.Tensor, in_ho
         work = launch(d_out, d_in, group)
         work.wait()  # NCCL: the side stream waits for the collective; the host does not
         pinned_out.copy_(d_out, non_blocking=True)
-        event = torch.cuda.Event()
+        event = cuda.Event()
         event.record(stream)
     return _EventWork(event, (d_out, d_in, pinned_in)), pinned_out
 
@@ -424,7 +432,7 @@ class DistributedContext:
         if route == "cuda_stage":
             work, res = _cuda_staged(
                 group, _state(group),
-                lambda d, _, g: dist.all_reduce(d, op=red, group=g, async_op=True), buf,
+                lambda d, _, g: dist.all_reduce(d, op=red, group=g, async_op=True), buf, **_STAGING,
             )
             finish = lambda: tensor.copy_(res.view(tensor.shape))  # noqa: E731
         elif route in ("gloo", "gloo_stage"):  # private gloo backend: not registered with c10d
@@ -452,7 +460,7 @@ class DistributedContext:
             work, res = _cuda_staged(
                 group, _state(group),
                 lambda d, i, g: gather(d.view(-1), i.reshape(-1), group=g, async_op=True),
-                out_buf, in_buf.contiguous(),
+                out_buf, in_buf.contiguous(), **_STAGING,
             )
             finish = lambda: output.copy_(res.view(output.shape))  # noqa: E731
         elif route in ("gloo", "gloo_stage"):
