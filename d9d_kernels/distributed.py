@@ -424,10 +424,14 @@ class DistributedContext:
             raise TypeError(f"DistributedContext.all_reduce: expected a tensor, got {type(tensor).__name__}")
         if self.is_local:
             return _COMPLETED
-        red = dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX
         # built only for an error message: get_process_group_ranks + formatting
         # cost ~20 us, a tenth of a gloo all_reduce (bench_sync)
         what = lambda: f"all_reduce({op}) of {tuple(tensor.shape)} {tensor.dtype} over ranks {self.ranks}"  # noqa: E731
+        return self._all_reduce(tensor, op, what)
+
+    def _all_reduce(self, tensor: torch.Tensor, op: str, what) -> CollectiveHandle:
+        """``all_reduce`` with the operation named by ``what()`` in errors."""
+        red = dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX
         group, route, buf, finish = self._routed(tensor)
         if route == "cuda_stage":
             work, res = _cuda_staged(
@@ -634,9 +638,7 @@ class DistributedContext:
         buf[:4].copy_(torch.tensor(words + [-w for w in words], dtype=torch.float64))
         if payload is not None:
             buf[4:].copy_(payload)
-        h = self.all_reduce(buf, "max")
-        h._what = lambda: f"first-sync handshake of {what} over ranks {self.ranks}"
-        h.wait()
+        self._all_reduce(buf, "max", lambda: f"first-sync handshake of {what} over ranks {self.ranks}").wait()
         got = buf[:4].tolist()
         if got[0] != -got[2] or got[1] != -got[3]:  # max != min: not every rank holds this hash
             self._raise_mismatch(fingerprint, what, dev, detail, explain)

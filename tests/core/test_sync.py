@@ -209,7 +209,9 @@ def test_rank_that_never_syncs_raises_no_hang(synced_once):
     assert out[1] == ("ok", "skipped")
     status, msg = out[0]
     assert status == "error" and msg.startswith("RuntimeError") and ("timeout" in msg or "did not" in msg), msg
-    assert ("all_reduce" in msg) == synced_once, msg  # handshake (store) vs collective timeout
+    first = msg.splitlines()[0]
+    # the first sync's handshake collective vs the data collective
+    assert ("first-sync handshake" in first) != synced_once and ("all_reduce(sum)" in first) == synced_once, first
 
 
 def _pivot_part(rank, world):
@@ -322,7 +324,7 @@ def _store_spy_worker(rank, world, n_means):
 @pytest.mark.parametrize("n_means", [4, 130])
 def test_handshake_uses_collectives_only(n_means):
     """No store operation in the sync path; the first sync adds one
-    fixed-shape handshake, one SUM for pivots beyond its payload (130 means:
+    fixed-shape handshake, one MAX for pivots beyond its payload (130 means:
     260 doubles), and a MAX + SUM picking the lowest rank with pivots
     (rank 0 has none here)."""
     out = run_distributed(_store_spy_worker, 3, n_means)
@@ -363,3 +365,17 @@ def test_trigger_sync_takes_process_groups_and_meshes():
         # mesh ("dp", "tp") = (2, 2): rank r's dp column is {r % 2, r % 2 + 2}
         assert res["mesh_dp"] == (rank % 2 + 1) + (rank % 2 + 3)
         assert "ProcessGroup" in res["bad"] and "DeviceMesh" in res["bad"]
+
+
+def test_mismatch_message_caps_listed_ranks_at_large_worlds():
+    import json
+
+    from d9d_kernels.distributed import fmt_ranks
+
+    W = 131072
+    a = json.dumps([["MetricGroup['acc']", {"class": "Accuracy", "num_classes": "5"}]])
+    b = json.dumps([["MetricGroup['acc']", {"class": "Accuracy", "num_classes": "6"}]])
+    msg = metric_mod.explain_members([(list(range(0, W, 2)), a), (list(range(1, W, 2)), b)])
+    assert msg == ("MetricGroup['acc']: num_classes 5 on ranks [0, 2, 4, 6, 8, 10, 12, 14, ... (65,536 ranks)] "
+                   "vs 6 on ranks [1, 3, 5, 7, 9, 11, 13, 15, ... (65,536 ranks)]")
+    assert fmt_ranks([3, 1]) == "[3, 1]"
