@@ -10,7 +10,10 @@ ranks of each rank's state since ``reset``, so nothing is counted twice).
 ``wait`` waits; ``compute`` then uses the synced snapshot until the next
 update (a host-side flag, no device sync). The first sync on a (storage,
 context) pair checks that every rank holds the same schema and aligns
-REPLICA slots such as moment pivots (``handshake``); see docs/metrics_core.md.
+REPLICA slots such as moment pivots (``handshake``: one fixed-shape
+collective, no store operation, nothing that grows with the world size);
+``ctx`` may be a DistributedContext, a ProcessGroup, a DeviceMesh or None
+(``resolve_ctx``). See docs/metrics_core.md and docs/distributed.md.
 """
 
 from __future__ import annotations
