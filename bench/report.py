@@ -383,9 +383,11 @@ def scale_section(rows, targets: list) -> list[str]:
     folded = [r["_shape"]["world"] for r in rows if r["op"] == "model_sync" and r["provider"] == "d9d_model"
               and r["_shape"]["K"] == 16 and int(r["_shape"].get("collectives", 1)) == 1]
     upto = f" (this mix: up to W = {max(folded):,})" if folded else ""
+    meshes = [(w, idx[("fake_device_mesh", w)]["_p50"]) for w in worlds if ("fake_device_mesh", w) in idx]
+    mesh_note = ("; measured: " + ", ".join(f"{_fmt_t(t)} at W = {w:,}" for w, t in meshes)) if meshes else ""
     lines += ["", f"The MAX buffer (max/min members) rides in the sum while MAX doubles × W ≤ 8192{upto}; above, "
               "it is a second all_reduce, hence the small step in the steady sync. DeviceMesh creation itself "
-              "(torch) is not ours and is not in the table. The store exchange column is the helper the first "
+              f"(torch's `init_device_mesh`, (W/8, 8)) is not ours and not in the table{mesh_note}. The store exchange column is the helper the first "
               "sync used before (every rank reads W keys; ~W² key reads for the store).", "",
               "**Model** (alpha-beta, NCCL's algorithms, α = 5 µs per hop, β = 1 / 400 Gb/s): all_reduce = "
               "min(ring 2(W−1)α + 2(W−1)/W·nβ, tree 2⌈log2 W⌉α + 2nβ); all_gather (ring only) = "
