@@ -347,8 +347,10 @@ def sync_section(rows, targets: list) -> list[str]:
 
 
 def scale_section(rows, targets: list) -> list[str]:
+    dates = sorted({r.get("date", "")[:10] for r in rows if r.get("date")})
+    when = f" ({', '.join(dates)}; host CPU only)" if dates else ""
     lines = ["## Scale to 131,072 ranks (`bench/bench_scale.py`)", "",
-             "**Measured** on torch's fake process group: one rank in the middle of a world of W, in one "
+             f"**Measured**{when} on torch's fake process group: one rank in the middle of a world of W, in one "
              "process (collectives return at once, so this is the per-rank host cost of our code; "
              "`tests/scale/` asserts the same properties in `make test`). Group: the bench_sync mix, K = 16, "
              "world context. Store operations and keys per rank counted by a wrapping store.", "",
