@@ -176,6 +176,7 @@ def test_check_same_raises_on_every_rank_naming_ranks(mesh_results):
 # ---------------------------------------------------------------- routing (fake NCCL-only group)
 def _routing_worker(rank, world_size):
     D._backend_config = lambda group: "cuda:nccl"  # pretend: NCCL-only groups, CPU tensors
+    torch.cuda.is_available = lambda: False  # ... on a machine without a CUDA device (the gloo route)
     calls: list = []
     _spy_all_reduce(calls)
     out = {}
