@@ -1,18 +1,27 @@
 """DistributedContext: which ranks a metric reduces over, and how.
 
 A context names a set of ranks (a ``torch.distributed`` process group, a
-sub-mesh of a ``DeviceMesh``, or none at all) and offers the three things the
+sub-mesh of a ``DeviceMesh``, or none at all) and offers the things the
 metric layer needs from it:
 
 * ``all_reduce(tensor, op)`` -- ONE asynchronous in-place collective ("sum" or
   "max") returning a handle whose ``wait()`` raises ``RuntimeError`` instead of
   hanging when the collective does not finish within ``ctx.timeout``;
-* ``exchange(tag, value)`` / ``check_same(tag, fingerprint, what)`` -- a
-  host-side exchange of a small value through the c10d store, used once at a
-  group's first sync to compare schema fingerprints across ranks. It issues no
-  collective, so "one collective per reduction kind per sync" stays exact;
+* ``handshake(fingerprint, what, payload=...)`` -- ONE fixed-shape SUM
+  all-reduce that checks a fingerprint is equal on every rank (and carries a
+  small payload, e.g. rank 0's moment pivots); only on a mismatch are details
+  gathered, for a ``ValueError`` raised on every rank. No store operation, so
+  it costs O(log W) collective latency and O(1) work per rank at any W;
 * ``all_gather_into_tensor(output, input)`` -- one async gather (equal sizes),
-  used by ``d9d_kernels.functional.all_gather``.
+  used by ``d9d_kernels.functional.all_gather``;
+* ``exchange(tag, value)`` / ``check_same(tag, fingerprint, what)`` -- a
+  host-side exchange through the c10d store. Every rank reads W keys, so it
+  is a small-world helper (O(W) store reads per rank, O(W^2) for the store);
+  the metric sync does not use it.
+
+``as_context(ctx)`` turns whatever a user passes as ``ctx`` (None, a
+DistributedContext, a ProcessGroup, a DeviceMesh) into a DistributedContext;
+the metric sync and ``dk.functional`` both use it.
 
 Example:
     >>> import torch, d9d_kernels as dk
@@ -32,39 +41,39 @@ Notes for the metric layer (design decisions):
   it after the compiled snapshot), and must be called in the same order on
   every rank of the group, like any collective. A min is reduced as the max of
   its negation, so ops are only "sum" and "max".
-* Device routing: when the group's backend cannot handle the tensor's device
-  (NCCL-only group + CPU state), the collective runs on a private gloo backend
-  over the same ranks, created on first use and cached per group (creation is
-  a rendezvous of the group's members through the store, so every member must
-  reach its first routed collective -- true at a first sync; it is not a
-  c10d-registered group, so c10d's group naming stays consistent). CUDA
-  tensors under a CPU-only backend are staged through host memory (copied back
-  in ``wait()``). Decision: ``_route()``.
+* Device routing (``_route()``): a CPU tensor under a group without a CPU
+  backend (NCCL-only) is staged through the current CUDA device (pinned host
+  buffer, non-blocking copies and the collective on a side stream, an event
+  that ``wait()`` polls: no host sync at launch). Only where no CUDA device
+  exists does it fall back to a private gloo backend over the same ranks
+  (a full mesh of W - 1 connections per rank, set up through the store: a
+  small-world route), created on first use and cached per group; it is not a
+  c10d-registered group, so c10d's group naming stays consistent. CUDA
+  tensors under a CPU-only backend are staged through host memory (copied
+  back in ``wait()``).
 * ``exchange`` keys are ``d9d_kernels/exchange/<group name>/<seq>/<global
-  rank>`` in the default store (the value carries the tag): the group name is
-  the same on every member and unique per group; ``seq`` counts exchanges per
-  group in this process, so every rank of a group must call ``exchange`` in
-  the same order (like a collective); ranks that reach different tags at the
-  same ``seq`` all raise ``RuntimeError`` naming them. A rank that never
-  arrives makes the others raise ``RuntimeError`` naming the missing ranks
-  after ``timeout`` -- no hang. Each rank deletes its previous key once it has
-  read every rank's next key, so the store does not grow.
-* ``check_same`` raises ``ValueError`` on every rank (all ranks see all
-  fingerprints), naming the ranks (global ids) of each distinct fingerprint and
-  where the first two differ. Call it once per (context, group) before the
-  first collective -- ``ctx.cache_key`` identifies the ranks for such caches.
+  rank>`` in the default store (the value carries the tag); every rank of a
+  group must call ``exchange`` in the same order (like a collective); ranks
+  that reach different tags at the same ``seq`` all raise ``RuntimeError``
+  naming them; a rank that never arrives makes the others raise naming the
+  missing ranks after ``timeout``. ``check_same`` raises ``ValueError`` on
+  every rank naming the ranks of each variant and the first difference.
 """
 
 from __future__ import annotations
 
 import datetime
+import hashlib
 import itertools
-from typing import Iterable, Sequence, Union
+import json
+import time
+import weakref
+from typing import Callable, Iterable, Optional, Sequence, Union
 
 import torch
 import torch.distributed as dist
 
-__all__ = ["DistributedContext", "CollectiveHandle"]
+__all__ = ["DistributedContext", "CollectiveHandle", "as_context"]
 
 DEFAULT_TIMEOUT = datetime.timedelta(seconds=60)
 DEFAULT_MESH_DIMS = ("dp_replicate", "dp_shard")
@@ -82,6 +91,8 @@ class _GroupState:
         self.exchange_last_key: Union[str, None] = None  # this rank's key of the previous exchange
         self.gloo = None  # private gloo backend over the same ranks (device routing)
         self.routes: dict[str, str] = {}  # device type -> _route(...) (the backend config is fixed)
+        self.ctx: Optional["DistributedContext"] = None  # as_context(group), built once
+        self.stream = None  # side CUDA stream of the "cuda_stage" route
 
 
 _group_states: dict[str, _GroupState] = {}
@@ -135,21 +146,97 @@ def _parse_backend_config(config: str) -> dict[str, str]:
     return out
 
 
-def _route(config: str, device_type: str) -> str:
+def _route(config: str, device_type: str, cuda: Optional[bool] = None) -> str:
     """How a tensor on ``device_type`` goes through a group with backend ``config``.
 
-    Returns "direct" (the group's backend handles the device), "gloo" (a CPU
-    tensor under a group without a CPU backend, e.g. NCCL-only: use a private
-    gloo backend over the same ranks), "stage" (a device tensor under a group
-    without that device's backend: copy to CPU, reduce on the group's CPU
-    backend, copy back) or "gloo_stage" (neither: copy to CPU, private gloo).
+    Returns "direct" (the group's backend handles the device), "cuda_stage"
+    (a CPU tensor under a group whose only backend is a CUDA one, e.g.
+    NCCL-only, on a machine with a CUDA device: reduce a device copy on the
+    group), "gloo" (the same without a CUDA device: a private gloo backend
+    over the same ranks, the small-world route), "stage" (a device tensor
+    under a group without that device's backend: copy to CPU, reduce on the
+    group's CPU backend, copy back) or "gloo_stage" (neither: copy to CPU,
+    private gloo). ``cuda``: whether a CUDA device exists (None: ask torch).
     """
     backends = _parse_backend_config(config)
     if device_type in backends:
         return "direct"
     if device_type == "cpu":
-        return "gloo"
+        if cuda is None:
+            cuda = torch.cuda.is_available()
+        return "cuda_stage" if cuda and "cuda" in backends else "gloo"
     return "stage" if "cpu" in backends else "gloo_stage"
+
+
+class _EventWork:
+    """Work-like handle of a collective staged on a CUDA side stream: done when
+    the event recorded after the copy back has completed. ``wait`` polls it
+    (a CUDA event has no timed wait), so a collective that never finishes
+    gives the caller's timeout error instead of a hang."""
+
+    def __init__(self, event, keep):
+        self._event = event
+        self._keep = keep  # device and pinned buffers in flight
+
+    def is_completed(self) -> bool:
+        return bool(self._event.query())
+
+    def wait(self, timeout: Optional[datetime.timedelta] = None) -> bool:
+        deadline = None if timeout is None else time.monotonic() + timeout.total_seconds()
+        pause = 1e-5
+        while not self._event.query():
+            if deadline is not None and time.monotonic() > deadline:
+                return False
+            time.sleep(pause)
+            pause = min(pause * 2, 1e-3)
+        self._keep = None
+        return True
+
+
+#: test hook: keyword arguments for _cuda_staged (a stand-in for torch.cuda on CPU)
+_STAGING: dict = {}
+
+
+def _cuda_staged(group, st: "_GroupState", launch, out_host: torch.Tensor, in_host: Optional[torch.Tensor] = None,
+                 *, cuda=None, device=None, pin: bool = True):
+    """Runs ``launch(device_out, device_in, group)`` (an async c10d collective
+    returning its work) on device copies of host tensors.
+
+    ``out_host`` (and ``in_host``, for gathers) are copied into pinned host
+    buffers (a host memcpy), then on a side stream of the current CUDA device:
+    non-blocking H2D copies, the collective, ``work.wait()`` (a stream wait
+    for NCCL, not a host block), the D2H copy back into the pinned buffer and
+    an event. Nothing here waits for the device. Returns ``(work, pinned
+    result)``: the result is valid once ``work.wait()`` returned True.
+    ``cuda``, ``device``, ``pin``: torch.cuda, its current device, pinned
+    buffers (tests pass a CPU stand-in).
+    """
+    cuda = torch.cuda if cuda is None else cuda
+    dev = torch.device("cuda", cuda.current_device()) if device is None else torch.device(device)
+    if st.stream is None:  # the current device is fixed per rank
+        st.stream = cuda.Stream(dev)
+    stream = st.stream
+    pinned_out = torch.empty(out_host.shape, dtype=out_host.dtype, pin_memory=pin)
+    if in_host is None:  # an all_reduce reads its buffer; a gather only writes it
+        pinned_out.copy_(out_host)
+    pinned_in = None
+    if in_host is not None:
+        pinned_in = torch.empty(in_host.shape, dtype=in_host.dtype, pin_memory=pin)
+        pinned_in.copy_(in_host)
+    with cuda.stream(stream):
+        d_out = torch.empty(out_host.shape, dtype=out_host.dtype, device=dev)
+        if in_host is None:
+            d_out.copy_(pinned_out, non_blocking=True)
+            d_in = None
+        else:
+            d_in = torch.empty(in_host.shape, dtype=in_host.dtype, device=dev)
+            d_in.copy_(pinned_in, non_blocking=True)
+        work = launch(d_out, d_in, group)
+        work.wait()  # NCCL: the side stream waits for the collective; the host does not
+        pinned_out.copy_(d_out, non_blocking=True)
+        event = cuda.Event()
+        event.record(stream)
+    return _EventWork(event, (d_out, d_in, pinned_in)), pinned_out
 
 
 class CollectiveHandle:
@@ -337,12 +424,22 @@ class DistributedContext:
             raise TypeError(f"DistributedContext.all_reduce: expected a tensor, got {type(tensor).__name__}")
         if self.is_local:
             return _COMPLETED
-        red = dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX
         # built only for an error message: get_process_group_ranks + formatting
         # cost ~20 us, a tenth of a gloo all_reduce (bench_sync)
         what = lambda: f"all_reduce({op}) of {tuple(tensor.shape)} {tensor.dtype} over ranks {self.ranks}"  # noqa: E731
-        group, raw, buf, finish = self._routed(tensor)
-        if raw:  # private gloo backend: not registered with c10d, called directly
+        return self._all_reduce(tensor, op, what)
+
+    def _all_reduce(self, tensor: torch.Tensor, op: str, what) -> CollectiveHandle:
+        """``all_reduce`` with the operation named by ``what()`` in errors."""
+        red = dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX
+        group, route, buf, finish = self._routed(tensor)
+        if route == "cuda_stage":
+            work, res = _cuda_staged(
+                group, _state(group),
+                lambda d, _, g: dist.all_reduce(d, op=red, group=g, async_op=True), buf, **_STAGING,
+            )
+            finish = lambda: tensor.copy_(res.view(tensor.shape))  # noqa: E731
+        elif route in ("gloo", "gloo_stage"):  # private gloo backend: not registered with c10d
             work = group.allreduce(buf, red)
         else:
             work = dist.all_reduce(buf, op=red, group=group, async_op=True)
@@ -360,21 +457,29 @@ class DistributedContext:
             output.view(-1).copy_(input.reshape(-1))
             return _COMPLETED
         what = lambda: f"all_gather of {input.numel()} x {input.dtype} over ranks {self.ranks}"  # noqa: E731
-        group, raw, out_buf, finish = self._routed(output)
+        group, route, out_buf, finish = self._routed(output)
         in_buf = input if input.device == out_buf.device else input.to(out_buf.device)
-        if raw:
+        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        if route == "cuda_stage":
+            work, res = _cuda_staged(
+                group, _state(group),
+                lambda d, i, g: gather(d.view(-1), i.reshape(-1), group=g, async_op=True),
+                out_buf, in_buf.contiguous(), **_STAGING,
+            )
+            finish = lambda: output.copy_(res.view(output.shape))  # noqa: E731
+        elif route in ("gloo", "gloo_stage"):
             work = group._allgather_base(out_buf.view(-1), in_buf.reshape(-1))
         else:
-            gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
             work = gather(out_buf.view(-1), in_buf.reshape(-1), group=group, async_op=True)
         return CollectiveHandle(work, what=what, timeout=self._timeout, finish=finish)
 
     def _routed(self, tensor: torch.Tensor):
-        """(group or backend, is_raw_backend, buffer to communicate, finish callback).
+        """(group or private gloo backend, route, buffer to communicate, finish callback).
 
         The buffer is ``tensor`` itself when it is contiguous and the group's
         backend handles its device; otherwise a contiguous (host) copy that
-        ``finish`` copies back after the wait.
+        ``finish`` copies back after the wait. The "cuda_stage" route's caller
+        replaces ``finish`` by the copy from its pinned result.
         """
         group = self.group
         routes = _state(group).routes
@@ -389,8 +494,8 @@ class DistributedContext:
             buf = buf.contiguous()
         finish = None if buf is tensor else (lambda: tensor.copy_(buf))
         if route in ("gloo", "gloo_stage"):
-            return self._gloo_backend(), True, buf, finish
-        return group, False, buf, finish
+            return self._gloo_backend(), route, buf, finish
+        return group, route, buf, finish
 
     def _gloo_backend(self):
         """A gloo backend over the group's ranks, created on first use and cached.
@@ -487,6 +592,190 @@ class DistributedContext:
             f"First difference at character {i}: ranks {groups[0][1]} have ...{a[lo:i + 40]!r}..., "
             f"ranks {groups[1][1]} have ...{b[lo:i + 40]!r}.... All: {detail}"
         )
+
+
+    # ------------------------------------------------------------ collective handshake
+    def handshake(
+        self,
+        fingerprint: Union[str, bytes],
+        what: str,
+        *,
+        payload: Optional[torch.Tensor] = None,
+        device=None,
+        detail: Union[str, Callable[[], str], None] = None,
+        explain: Optional[Callable[[list], str]] = None,
+    ) -> Optional[torch.Tensor]:
+        """Check that every rank passed the same ``fingerprint``, with ONE
+        fixed-shape MAX all-reduce, and max ``payload`` across ranks in it.
+
+        The buffer is ``[h_hi, h_lo, -h_hi, -h_lo | payload]`` (the two 32-bit
+        words of a 64-bit hash, exact in float64): all ranks hold the same
+        hash iff the max of each word equals its min, which every rank checks
+        on its own. ``payload`` (float64, the same length on every rank; e.g.
+        rank 0's values and ``-inf`` elsewhere) rides in the same collective;
+        the reduced payload is returned (None without one). The buffer lives
+        on ``device`` (default: the payload's, else CPU) and goes through the
+        usual device routing.
+
+        On a mismatch every rank raises ``ValueError``: the ranks of each
+        variant come from one gather of the hashes, and each variant's
+        ``detail`` (a string, or a callable building it, only called then)
+        from its lowest rank, by two more collectives. The message is
+        ``explain(variants)`` with ``variants`` a list of ``(global ranks,
+        detail text)`` (at most 4 variants), or by default the first
+        difference of the details. A rank that does not arrive makes the
+        others raise ``RuntimeError`` after ``timeout``. No store operation:
+        O(log W) latency, O(1) host work per rank.
+        """
+        words = _hash_words(fingerprint)
+        if payload is not None and (payload.dtype != torch.float64 or payload.dim() != 1):
+            raise ValueError("DistributedContext.handshake: payload must be a 1-d float64 tensor")
+        if self.is_local:
+            return None if payload is None else payload.clone()
+        dev = torch.device(device) if device is not None else (payload.device if payload is not None else torch.device("cpu"))
+        n_pay = 0 if payload is None else payload.numel()
+        buf = torch.empty(4 + n_pay, dtype=torch.float64, device=dev)
+        buf[:4].copy_(torch.tensor(words + [-w for w in words], dtype=torch.float64))
+        if payload is not None:
+            buf[4:].copy_(payload)
+        self._all_reduce(buf, "max", lambda: f"first-sync handshake of {what} over ranks {self.ranks}").wait()
+        got = buf[:4].tolist()
+        if got[0] != -got[2] or got[1] != -got[3]:  # max != min: not every rank holds this hash
+            self._raise_mismatch(fingerprint, what, dev, detail, explain)
+        return None if payload is None else buf[4:]
+
+    def _raise_mismatch(self, fingerprint, what, dev, detail, explain) -> None:
+        """Every rank: who holds which fingerprint, each variant's detail, then ValueError."""
+        n, me = self.world_size, self.rank
+        mine = torch.tensor(_hash_words(fingerprint), dtype=torch.float64, device=dev)
+        hashes = torch.empty(n * 2, dtype=torch.float64, device=dev)
+        self.all_gather_into_tensor(hashes, mine).wait()
+        by_hash: dict[tuple, list[int]] = {}
+        for r, hv in enumerate(map(tuple, hashes.view(n, 2).tolist())):
+            by_hash.setdefault(hv, []).append(r)
+        variants = sorted(by_hash.values(), key=lambda rs: rs[0])
+        shown = variants[:_MAX_VARIANTS]
+        mine_at = next((i for i, rs in enumerate(shown) if rs[0] == me), None)  # this rank speaks for variant i
+        text = b""
+        if mine_at is not None:
+            d = detail() if callable(detail) else detail
+            text = (d if d is not None else _as_text(fingerprint)).encode()[:_MAX_DETAIL]
+        lens = torch.zeros(len(shown), dtype=torch.float64, device=dev)
+        if mine_at is not None:
+            lens[mine_at] = len(text)
+        self.all_reduce(lens, "max").wait()
+        width = max(1, int(max(lens.tolist())))
+        rows = torch.zeros(len(shown), width, dtype=torch.uint8, device=dev)
+        if mine_at is not None and text:
+            rows[mine_at, : len(text)] = torch.frombuffer(bytearray(text), dtype=torch.uint8).to(dev)
+        self.all_reduce(rows, "sum").wait()
+        texts = [bytes(rows[i, : int(L)].tolist()).decode(errors="replace") for i, L in enumerate(lens.tolist())]
+        ranks = self.ranks
+        listed = [([ranks[r] for r in rs], t) for rs, t in zip(shown, texts)]
+        body = explain(listed) if explain is not None else _first_difference(listed)
+        more = f" ({len(variants) - len(shown)} more variants not shown)" if len(variants) > len(shown) else ""
+        raise ValueError(
+            f"d9d_kernels: {what} differs across ranks ({len(variants)} variants{more}; ranks are global ranks): {body}"
+        )
+
+
+_MAX_VARIANTS = 4  # variants whose details a mismatch error gathers
+_MAX_DETAIL = 1 << 16  # bytes of detail per variant
+_MAX_LISTED = 8  # ranks listed per variant in messages
+
+
+def _as_text(v: Union[str, bytes]) -> str:
+    return v if isinstance(v, str) else bytes(v).decode(errors="replace")
+
+
+def _hash_words(value: Union[str, bytes]) -> list[float]:
+    """The 64-bit blake2b hash of ``value`` as two 32-bit words (exact floats)."""
+    raw = value.encode() if isinstance(value, str) else bytes(value)
+    h = int.from_bytes(hashlib.blake2b(raw, digest_size=8).digest(), "little")
+    return [float(h >> 32), float(h & 0xFFFFFFFF)]
+
+
+def fmt_ranks(ranks: Sequence[int]) -> str:
+    """``[0, 1, 2]``, or the first few and a count when there are many."""
+    ranks = list(ranks)
+    if len(ranks) <= _MAX_LISTED:
+        return str(ranks)
+    return "[" + ", ".join(map(str, ranks[:_MAX_LISTED])) + f", ... ({len(ranks):,} ranks)]"
+
+
+def _first_difference(variants: list) -> str:
+    (ra, a), (rb, b) = variants[0], variants[1]
+    i = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    lo = max(0, i - 40)
+    return (
+        f"ranks {fmt_ranks(ra)} have ...{a[lo:i + 40]!r}..., ranks {fmt_ranks(rb)} have ...{b[lo:i + 40]!r}..."
+    )
+
+
+# ------------------------------------------------------------------ ctx normalisation
+_DEFAULT_CTX = DistributedContext()  # the world group, resolved at each use
+# id(mesh) -> (weak ref to the mesh, its context): by identity, since equal
+# meshes of a re-initialised world hold other (new) groups
+_mesh_ctxs: dict[int, tuple] = {}
+
+
+def as_context(ctx) -> DistributedContext:
+    """The DistributedContext for any ``ctx`` the library takes.
+
+    ``None``: the default world group (resolved at each use; local when
+    ``torch.distributed`` is not initialised); a ``DistributedContext``:
+    itself; a ``ProcessGroup``: that group (one context per group, cached);
+    a ``DeviceMesh``: all of its ranks (every dim; the world group itself
+    when the mesh spans the world, so no group is created). Anything else
+    raises ``TypeError``.
+    """
+    if ctx is None:
+        return _DEFAULT_CTX
+    if isinstance(ctx, DistributedContext):
+        return ctx
+    if isinstance(ctx, dist.ProcessGroup):
+        st = _state(ctx)
+        if st.ctx is None:
+            st.ctx = DistributedContext(group=ctx)
+        return st.ctx
+    mesh_type = _device_mesh_type()
+    if mesh_type is not None and isinstance(ctx, mesh_type):
+        hit = _mesh_ctxs.get(id(ctx))
+        if hit is None or hit[0]() is not ctx:
+            key = id(ctx)
+            hit = _mesh_ctxs[key] = (weakref.ref(ctx, lambda _: _mesh_ctxs.pop(key, None)), _mesh_context(ctx))
+        return hit[1]
+    if isinstance(ctx, int) and ctx == dist.GroupMember.NON_GROUP_MEMBER:
+        return DistributedContext(group=ctx)  # raises: this rank is not in the group
+    raise TypeError(
+        f"ctx must be a dk.DistributedContext, a torch.distributed ProcessGroup, a DeviceMesh or None, "
+        f"got {type(ctx).__name__}"
+    )
+
+
+def _device_mesh_type():
+    try:
+        from torch.distributed.device_mesh import DeviceMesh
+    except Exception:  # torch built without distributed
+        return None
+    return DeviceMesh
+
+
+def _mesh_context(mesh) -> DistributedContext:
+    """Every rank of ``mesh`` (all dims)."""
+    if mesh.ndim == 1:
+        return DistributedContext(group=mesh.get_group(0))
+    if dist.is_initialized() and mesh.size() == dist.get_world_size():
+        # every rank of the world: reduce over the world group (no new group,
+        # whose creation costs store traffic growing with W)
+        return DistributedContext(group=dist.group.WORLD)
+    names = tuple(mesh.mesh_dim_names or ())
+    if not names:
+        raise ValueError(
+            "ctx: a DeviceMesh with several unnamed dims over part of the world; name its dims "
+            "or pass DistributedContext.from_mesh(mesh, dims=...)"
+        )
+    return DistributedContext.from_mesh(mesh, dims=names)
 
 
 def _clip(s: str, n: int = 160) -> str:

@@ -44,7 +44,7 @@ from typing import Mapping, Optional
 import torch
 import torch.distributed as dist
 
-from d9d_kernels.distributed import DistributedContext
+from d9d_kernels.distributed import DistributedContext, as_context, fmt_ranks
 
 __all__ = [
     "reduce_mean",
@@ -62,13 +62,7 @@ _ALIGN = 16  # byte alignment of each key's segment in all_gather's packed buffe
 
 
 def _context(ctx) -> DistributedContext:
-    if ctx is None:
-        return DistributedContext()
-    if isinstance(ctx, DistributedContext):
-        return ctx
-    if isinstance(ctx, dist.ProcessGroup):
-        return DistributedContext(group=ctx)
-    raise TypeError(f"ctx must be a DistributedContext, a ProcessGroup or None, got {type(ctx).__name__}")
+    return as_context(ctx)
 
 
 def _tensors(fn: str, metrics: Mapping) -> dict[str, torch.Tensor]:
@@ -123,7 +117,8 @@ def reduce_custom(
         reduce_fn: name -> "mean" | "sum" | "max" | "min" | None (None keeps
             this rank's value, unreduced). Must cover exactly the keys of
             ``metrics``.
-        ctx: a DistributedContext (None: the default world group, or local).
+        ctx: a DistributedContext, a ProcessGroup, a DeviceMesh (all its ranks)
+            or None (the default world group, or local).
 
     Returns:
         A new dict with the same keys (and order), each value reduced
@@ -159,23 +154,26 @@ def _reduce(tensors: dict[str, torch.Tensor], how: dict[str, Optional[str]], ctx
     for k in todo:
         x = tensors[k].to(device=device, dtype=torch.float64).reshape(-1)
         parts[_KIND[how[k]]].append(-x if how[k] == "min" else x)
-    # header: [fp, fp^2] in a SUM buffer (all equal <=> sum = n*fp and sum of squares = n*fp^2),
+    # header: [fp, fp^2, 1] in a SUM buffer (all equal <=> sum = c*fp and sum of squares = c*fp^2
+    # with c the summed ones: the number of contributions, whatever the backend does),
     # [fp, -fp] in a MAX buffer (all equal <=> max = fp and max(-fp) = -fp); one header per call.
     head_kind = "sum" if parts["sum"] else "max"
-    head = torch.tensor([fp, fp * fp if head_kind == "sum" else -fp], dtype=torch.float64, device=device)
+    head_vals = [fp, fp * fp, 1.0] if head_kind == "sum" else [fp, -fp]
+    head = torch.tensor(head_vals, dtype=torch.float64, device=device)
     bufs = {kind: torch.cat(([head] if kind == head_kind else []) + p) for kind, p in parts.items() if p}
     handles = [ctx.all_reduce(buf, kind) for kind, buf in bufs.items()]
     for h in handles:
         h.wait()
     n = ctx.world_size
-    h0, h1 = bufs[head_kind][:2].tolist()
-    ok = (h0 == n * fp and h1 == n * fp * fp) if head_kind == "sum" else (h0 == fp and h1 == -fp)
+    got = bufs[head_kind][: len(head_vals)].tolist()
+    ok = (got[0] == got[2] * fp and got[1] == got[2] * fp * fp) if head_kind == "sum" else got == head_vals
     if not ok:
         raise ValueError(
-            f"d9d_kernels.functional: ranks {ctx.ranks} passed different keys, shapes or reductions "
+            f"d9d_kernels.functional: ranks {fmt_ranks(ctx.ranks)} passed different keys, shapes or reductions "
             f"(this rank: {[(k, tuple(tensors[k].shape), how[k]) for k in todo][:20]})"
         )
-    offsets = {"sum": 2 if head_kind == "sum" else 0, "max": 2 if head_kind == "max" else 0}
+    offsets = {"sum": 0, "max": 0}
+    offsets[head_kind] = len(head_vals)
     for k in todo:
         t = tensors[k]
         kind = _KIND[how[k]]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import weakref
 from typing import Any
 
 import torch
@@ -32,6 +33,8 @@ class Layout:
 
     def __init__(self, owners: list[tuple[str, "Metric"]]):
         self.stats: list[Statistic] = []
+        # (label, weak ref to the metric): what sync.member_detail describes on a schema mismatch
+        self.owners = [(label, weakref.ref(metric)) for label, metric in owners]
         keys: dict[Any, int] = {}
         self.maps: list[dict[str, int]] = []  # per owner: local stat name -> merged index
         for _, metric in owners:

@@ -176,6 +176,7 @@ def test_check_same_raises_on_every_rank_naming_ranks(mesh_results):
 # ---------------------------------------------------------------- routing (fake NCCL-only group)
 def _routing_worker(rank, world_size):
     D._backend_config = lambda group: "cuda:nccl"  # pretend: NCCL-only groups, CPU tensors
+    torch.cuda.is_available = lambda: False  # ... on a machine without a CUDA device (the gloo route)
     calls: list = []
     _spy_all_reduce(calls)
     out = {}
@@ -258,7 +259,141 @@ def test_routing_through_gloo_backend_gives_right_numbers():
     ],
 )
 def test_route_decision(config, device, route):
-    assert D._route(config, device) == route
+    assert D._route(config, device, cuda=False) == route
+
+
+@pytest.mark.parametrize(
+    "config, cuda, route",
+    [
+        ("cuda:nccl", True, "cuda_stage"),  # NCCL-only + CPU state + a CUDA device: through the device
+        ("nccl", True, "cuda_stage"),
+        ("cuda:nccl", False, "gloo"),  # no CUDA device: the private gloo backend (small worlds)
+        ("xpu:xccl", True, "gloo"),  # no CUDA backend to stage through
+        ("cpu:gloo,cuda:nccl", True, "direct"),
+    ],
+)
+def test_cpu_state_route_with_and_without_a_cuda_device(config, cuda, route):
+    assert D._route(config, "cpu", cuda=cuda) == route
+
+
+class _CpuCuda:
+    """A stand-in for torch.cuda on CPU: records what the staging does, in order."""
+
+    def __init__(self, log, done_after=0):
+        self.log, self.done_after = log, done_after
+
+    def current_device(self):
+        return 0
+
+    def Stream(self, dev):  # noqa: N802 (torch.cuda's name)
+        self.log.append("stream created")
+        return "side"
+
+    def stream(self, s):
+        log = self.log
+
+        class _Ctx:
+            def __enter__(self):
+                log.append(f"enter {s}")
+
+            def __exit__(self, *a):
+                log.append(f"exit {s}")
+
+        return _Ctx()
+
+    def Event(self):  # noqa: N802
+        log, left = self.log, [self.done_after]
+
+        class _Event:
+            def record(self, s):
+                log.append(f"event recorded on {s}")
+
+            def query(self):
+                left[0] -= 1
+                return left[0] < 0
+
+        return _Event()
+
+
+def _staged_worker(rank, world_size):
+    log = []
+    torch.cuda.is_available = lambda: True  # pretend: this process has a CUDA device
+    D._backend_config = lambda group: "cuda:nccl"  # pretend: the group is NCCL-only
+    D._STAGING.update(cuda=_CpuCuda(log, done_after=3), device="cpu", pin=False)
+    launched = []
+    orig = dist.all_reduce
+
+    def spy(t, *a, **k):
+        launched.append((len(log), t.device.type, k.get("async_op")))
+        return orig(t, *a, **k)
+
+    dist.all_reduce = spy
+    ctx = dk.DistributedContext(timeout=20)
+    t = _value(rank)
+    h = ctx.all_reduce(t, "sum")
+    before_wait = t.tolist()  # not written back before wait()
+    h.wait()
+    g = dk.MetricGroup({"n": dk.SumMetric(), "peak": dk.MaxMetric()})
+    g["n"].update(float(rank + 1))
+    g["peak"].update(torch.tensor([float(rank)]))
+    g.trigger_sync(ctx)
+    g.wait_sync(ctx)
+    gathered = F.all_gather({"x": torch.arange(rank + 1)}, ctx=ctx)["x"].tolist()
+    return dict(before=before_wait, after=t.tolist(), log=log[:5], launched=launched[0],
+                group=g.compute_to_host().result(), gathered=gathered,
+                gloo=any(st.gloo is not None for st in D._group_states.values()))
+
+
+def test_cpu_state_under_nccl_is_staged_through_the_device():
+    """The staging sequence with a CPU stand-in for torch.cuda on 2 gloo ranks:
+    one side stream, the collective launched inside it, an event recorded
+    after, the result copied back only in wait(); no private gloo backend."""
+    for rank, res in enumerate(run_distributed(_staged_worker, 2, timeout=90)):
+        assert res["before"] == _value(rank).tolist()
+        assert res["after"] == (_value(0) + _value(1)).tolist()
+        assert res["log"] == ["stream created", "enter side", "event recorded on side", "exit side", "enter side"]
+        assert res["launched"] == (2, "cpu", True)  # after "stream created", "enter side"
+        assert res["group"] == {"n": 3.0, "peak": 1.0}
+        assert res["gathered"] == [0, 0, 1]
+        assert not res["gloo"]
+
+
+def test_staged_work_polls_its_event_and_times_out():
+    class _Never:
+        def query(self):
+            return False
+
+    w = D._EventWork(_Never(), keep=None)
+    h = D.CollectiveHandle(w, what="all_reduce(sum) of (3,)", timeout=datetime.timedelta(seconds=0.05))
+    assert not h.is_completed()
+    with pytest.raises(RuntimeError, match=r"all_reduce\(sum\) of \(3,\) did not complete within the timeout"):
+        h.wait()
+    done = D._EventWork(_CpuCuda([], done_after=2).Event(), keep=None)
+    assert done.wait(datetime.timedelta(seconds=5)) is True
+
+
+def _real_staged_worker(rank, world_size):
+    # gloo reduces CUDA tensors too, so "pretend NCCL-only" runs the real CUDA
+    # staging (pinned buffers, side stream, event) on one GPU shared by both ranks
+    D._backend_config = lambda group: "cuda:nccl"
+    ctx = dk.DistributedContext(timeout=30)
+    t = _value(rank)
+    h = ctx.all_reduce(t, "max")
+    h.wait()
+    g = dk.MetricGroup({"n": dk.SumMetric(), "peak": dk.MaxMetric()})
+    g["n"].update(float(rank + 1))
+    g["peak"].update(torch.tensor([float(rank)]))
+    g.trigger_sync(ctx)
+    g.wait_sync(ctx)
+    return t.tolist(), g.compute_to_host().result(), [st.routes for st in D._group_states.values()]
+
+
+@pytest.mark.gpu
+def test_cpu_state_staged_through_a_real_cuda_device():
+    for t, group, routes in run_distributed(_real_staged_worker, 2, timeout=120):
+        assert t == torch.stack([_value(r) for r in range(2)]).amax(0).tolist()
+        assert group == {"n": 3.0, "peak": 1.0}
+        assert {"cpu": "cuda_stage"} in routes
 
 
 # ---------------------------------------------------------------- a rank that never joins

@@ -297,3 +297,26 @@ def test_docstring_examples_run():
     for module in (F, distributed):
         result = doctest.testmod(module, raise_on_error=False)
         assert result.attempted > 0 and result.failed == 0, (module.__name__, result)
+
+
+def _ctx_kinds_worker(rank, world_size):
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (world_size,), mesh_dim_names=("dp",))
+    x = {"loss": torch.tensor(float(rank + 1)), "n": torch.tensor(rank + 1)}
+    out = {}
+    for name, ctx in (("group", dist.group.WORLD), ("mesh", mesh), ("context", dk.DistributedContext())):
+        r = F.reduce_custom(x, {"loss": "mean", "n": "max"}, ctx=ctx)
+        out[name] = [r["loss"].item(), r["n"].item(), F.all_gather({"r": torch.tensor([rank])}, ctx=ctx)["r"].tolist()]
+    try:
+        F.reduce_sum(x, ctx="world")
+    except TypeError as e:
+        out["bad"] = str(e)
+    return out
+
+
+def test_ctx_may_be_a_process_group_or_a_device_mesh():
+    for res in run_distributed(_ctx_kinds_worker, 2, timeout=90):
+        assert res["group"] == res["mesh"] == res["context"] == [1.5, 2, [0, 1]]
+        assert "ProcessGroup" in res["bad"] and "DeviceMesh" in res["bad"]

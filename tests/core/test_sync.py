@@ -100,8 +100,10 @@ def test_aggregation_equals_single_process(world):
         for k, v in exp.items():
             assert first[k] == pytest.approx(v, rel=1e-13), (r, k)
             assert single[k].compute().item() == pytest.approx(v, rel=1e-13)
-        assert n_first == 1, "SUM + small MAX buffer: one collective per sync (MAX folded into the sum)"
-        assert n_all == 3
+        # the first sync: one fixed-shape handshake (schema fingerprint + rank 0's pivots), then
+        # SUM + small MAX buffer in one collective (MAX folded into the sum); later syncs: that one
+        assert n_first == 2, n_first
+        assert n_all == 4
         assert stale == pytest.approx(exp_sum, rel=1e-13)
         assert final == pytest.approx(exp_sum + world * (world + 1) / 2, rel=1e-13)
 
@@ -153,15 +155,16 @@ def test_collective_count_per_sync(count_run):
     for per_rank in out:
         for with_max in (False, True, "unfolded"):
             counts, vals = per_rank[with_max]
-            assert counts == ([2, 2] if with_max == "unfolded" else [1, 1]), (with_max, counts)
+            # first sync: + the handshake collective
+            assert counts == ([3, 2] if with_max == "unfolded" else [2, 1]), (with_max, counts)
             for i in range(10):
                 assert vals[f"s{i}"] == i * sum(r + 2 for r in range(world))
                 num = sum((i + r) * (r + 1) for r in range(world))
                 assert vals[f"m{i}"] == pytest.approx(num / sum(r + 1 for r in range(world)))
             if with_max:
                 assert vals["peak"] == world - 1
-        assert per_rank["alone_mean"] == (1, pytest.approx(sum(11.0 * r for r in range(world)) / (2 * world)))
-        assert per_rank["alone_max"] == (1, 10.0 * (world - 1))
+        assert per_rank["alone_mean"] == (2, pytest.approx(sum(11.0 * r for r in range(world)) / (2 * world)))
+        assert per_rank["alone_max"] == (2, 10.0 * (world - 1))
 
 
 def _mismatch_worker(rank, world):
@@ -206,7 +209,9 @@ def test_rank_that_never_syncs_raises_no_hang(synced_once):
     assert out[1] == ("ok", "skipped")
     status, msg = out[0]
     assert status == "error" and msg.startswith("RuntimeError") and ("timeout" in msg or "did not" in msg), msg
-    assert ("all_reduce" in msg) == synced_once, msg  # handshake (store) vs collective timeout
+    first = msg.splitlines()[0]
+    # the first sync's handshake collective vs the data collective
+    assert ("first-sync handshake" in first) != synced_once and ("all_reduce(sum)" in first) == synced_once, first
 
 
 def _pivot_part(rank, world):
@@ -264,3 +269,113 @@ def test_folded_max_after_reset_sees_only_new_values(world):
     for per_rank in run_distributed(_fold_reset_worker, world):
         for (hi, lo), got in zip([(10.0, -10.0), (1.0, -1.0), (2.0, -2.0)], per_rank):
             assert got == {"peak": hi * world, "low": lo * world, "n": float(world)}
+
+
+def _members_worker(rank, world):
+    nc = 6 if rank == 1 else 5
+    members = {"acc": dk.Accuracy(task="multiclass", num_classes=nc), "loss": dk.WeightedMeanMetric()}
+    if rank == 2:
+        members["tokens"] = dk.SumMetric()
+    g = dk.MetricGroup(members)
+    g["loss"].update(1.0)
+    g.trigger_sync(dk.DistributedContext(timeout=20))
+    g.wait_sync()
+    return "synced"
+
+
+def test_mismatch_names_each_member_in_words_on_every_rank():
+    out = run_distributed_expect_errors(_members_worker, 3, timeout=90)
+    for r in range(3):
+        status, msg = out[r]
+        assert status == "error" and msg.startswith("ValueError"), (r, msg)
+        first = msg.splitlines()[0]
+        assert "2 variants" in first or "3 variants" in first, first
+        assert "MetricGroup['acc']: num_classes 5 on ranks [0, 2] vs 6 on ranks [1]" in first, first
+        assert "MetricGroup['tokens'] (SumMetric) on ranks [2], missing on ranks [0, 1]" in first, first
+
+
+def _store_spy_worker(rank, world, n_means):
+    """Store operations and collectives of a first and a second sync; rank 0
+    sees no data before the first (its pivots are unset)."""
+    import torch.distributed.distributed_c10d as c10d
+
+    store_calls = []
+    orig = c10d._get_default_store
+
+    def spy():
+        store_calls.append(1)
+        return orig()
+
+    c10d._get_default_store = spy
+    g = dk.MetricGroup({f"m{i}": dk.WeightedMeanMetric() for i in range(n_means)})
+    if rank > 0:
+        for i in range(n_means):
+            g[f"m{i}"].update(torch.tensor([1e9 + i + 0.25 * rank, 1e9 - i], dtype=torch.float64))
+    calls = _spy()
+    counts = []
+    for _ in range(2):
+        before = len(calls)
+        g.trigger_sync(dk.DistributedContext(timeout=20))
+        g.wait_sync()
+        counts.append(len(calls) - before)
+    return counts, len(store_calls), g.compute()["m3"].item(), g._storage.local["replica"][6].item()
+
+
+@pytest.mark.parametrize("n_means", [4, 130])
+def test_handshake_uses_collectives_only(n_means):
+    """No store operation in the sync path; the first sync adds one
+    fixed-shape handshake, one MAX for pivots beyond its payload (130 means:
+    260 doubles), and a MAX + SUM picking the lowest rank with pivots
+    (rank 0 has none here)."""
+    out = run_distributed(_store_spy_worker, 3, n_means)
+    extra = 1 if 2 * n_means > metric_mod.HANDSHAKE_PAYLOAD else 0
+    vals = [1e9 + 3 + 0.25 * r for r in (1, 2)] + [1e9 - 3] * 2
+    for counts, n_store, m3, pivot in out:
+        assert counts == [4 + extra, 1], counts
+        assert n_store == 0
+        assert m3 == pytest.approx(math.fsum(vals) / 4, rel=1e-15)
+        assert pivot == 1e9 + 3 + 0.25  # m3's x pivot: rank 1's first value (the lowest rank with one)
+
+
+def _ctx_kinds_worker(rank, world):
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    out = {}
+    mesh2 = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("dp", "tp"))
+    for name, ctx in (("world_pg", dist.group.WORLD), ("mesh_all", mesh2), ("mesh_dp", mesh2["dp"]),
+                      ("mesh_1d", init_device_mesh("cpu", (world,)))):
+        m = dk.SumMetric()
+        m.update(float(rank + 1))
+        m.trigger_sync(ctx)
+        m.wait_sync(ctx)
+        out[name] = m.compute().item()
+    try:
+        dk.SumMetric().trigger_sync("world")
+    except TypeError as e:
+        out["bad"] = str(e)
+    return out
+
+
+def test_trigger_sync_takes_process_groups_and_meshes():
+    out = run_distributed(_ctx_kinds_worker, 4)
+    for rank, res in enumerate(out):
+        total = sum(r + 1 for r in range(4))
+        assert res["world_pg"] == res["mesh_all"] == res["mesh_1d"] == total
+        # mesh ("dp", "tp") = (2, 2): rank r's dp column is {r % 2, r % 2 + 2}
+        assert res["mesh_dp"] == (rank % 2 + 1) + (rank % 2 + 3)
+        assert "ProcessGroup" in res["bad"] and "DeviceMesh" in res["bad"]
+
+
+def test_mismatch_message_caps_listed_ranks_at_large_worlds():
+    import json
+
+    from d9d_kernels.distributed import fmt_ranks
+
+    W = 131072
+    a = json.dumps([["MetricGroup['acc']", {"class": "Accuracy", "num_classes": "5"}]])
+    b = json.dumps([["MetricGroup['acc']", {"class": "Accuracy", "num_classes": "6"}]])
+    msg = metric_mod.explain_members([(list(range(0, W, 2)), a), (list(range(1, W, 2)), b)])
+    assert msg == ("MetricGroup['acc']: num_classes 5 on ranks [0, 2, 4, 6, 8, 10, 12, 14, ... (65,536 ranks)] "
+                   "vs 6 on ranks [1, 3, 5, 7, 9, 11, 13, 15, ... (65,536 ranks)]")
+    assert fmt_ranks([3, 1]) == "[3, 1]"
