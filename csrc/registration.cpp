@@ -4,11 +4,17 @@
 #include <Python.h>
 #include <torch/library.h>
 
+namespace d9d {
+void add_plan_runner(PyObject* module);  // csrc/cpu/plan_runner.cpp
+}
+
 extern "C" {
 // Importing d9d_kernels._C runs the static TORCH_LIBRARY initialisers below.
 PyMODINIT_FUNC PyInit__C(void) {
   static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr};
-  return PyModule_Create(&module_def);
+  PyObject* m = PyModule_Create(&module_def);
+  if (m != nullptr) d9d::add_plan_runner(m);
+  return m;
 }
 }
 

@@ -31,7 +31,10 @@ import numbers
 
 import torch
 
+from d9d_kernels.core import compiled
+
 __all__ = ["planned", "input_key"]
+_compiling = torch.compiler.is_compiling
 
 #: signatures planned per storage; beyond this, new signatures run checked.
 MAX_PLANS = 64
@@ -102,6 +105,10 @@ def planned(update):
         storage = d["_storage"]
         if d["_collector"] is not None or storage is None:  # inside MetricGroup.update: it plans
             return update(self, *args, **kwargs)
+        runner = storage.compiled.get(id(self))  # d9d_kernels/core/compiled.py
+        if runner is not None and not _compiling() and runner.run(args, kwargs):
+            storage.dirty = True
+            return
         key = input_key(id(self), args, kwargs)
         if key is None:
             return update(self, *args, **kwargs)
@@ -118,6 +125,7 @@ def planned(update):
             storage.recording = None
         if len(plans) < MAX_PLANS:
             plans[key] = Plan.build(storage, recorded, args, kwargs) or _UNPLANNED
+            compiled.attach(storage, id(self), plans[key], recorded, args, kwargs)
 
     wrapper._d9d_planned = True
     return wrapper

@@ -191,14 +191,14 @@ class ClassStatistic(Statistic):
             if self.count_nonfinite and p.is_floating_point():
                 state["nonfinite"].add_(nonfinite_rows(p, t, m, self.ignore_index, t.dim(), class_rows=True))
 
-    def bind(self, sample: dict):
-        """The raw ``class_stats`` op when ``sample`` needs no reshaping:
-        scores ``[N, C]`` or int64 indices ``[N]``, int64 target ``[N]``, no
-        mask or a bool ``[N]`` one, C++/CUDA backend (dk.ops checks: ~8 us)."""
+    def _direct(self, sample: dict) -> bool:
+        """Whether ``sample`` needs no reshaping: scores ``[N, C]`` or int64
+        indices ``[N]``, int64 target ``[N]``, no mask or a bool ``[N]`` one,
+        C++/CUDA backend."""
         preds, target = sample[self.inputs[0]], sample[self.inputs[1]]
         mask = sample.get(self.inputs[2]) if len(self.inputs) > 2 else None
         n = target.shape
-        direct = (
+        return (
             target.dtype == torch.int64
             and len(n) == 1
             and (preds.shape == (n[0], self.num_classes) and preds.dtype in FLOATS
@@ -207,7 +207,10 @@ class ClassStatistic(Statistic):
             and not self.count_nonfinite
             and pick("class_stats", preds.device, None) in ("cpp", "cuda")
         )
-        if not direct:
+
+    def bind(self, sample: dict):
+        """The raw ``class_stats`` op when ``_direct(sample)`` (dk.ops checks: ~8 us)."""
+        if not self._direct(sample):
             return super().bind(sample)
         op = torch.ops.d9d_kernels.class_stats.default
         p_name, t_name = self.inputs[0], self.inputs[1]
@@ -219,6 +222,19 @@ class ClassStatistic(Statistic):
                state["stats"], state.get("confmat"), state["extras"], state["bad"])
 
         return run
+
+    def compile_step(self, sample: dict, state: dict):
+        """``bind``'s raw op call as a ``d9d_kernels.core.compiled.OpStep``."""
+        if not self._direct(sample):
+            return None
+        from d9d_kernels.core.compiled import OpStep
+
+        inputs = {"preds": ("as_is", self.inputs[0]), "target": ("as_is", self.inputs[1])}
+        if len(self.inputs) > 2:
+            inputs["mask"] = ("as_is", self.inputs[2])
+        return OpStep("class_stats", inputs, dict(
+            num_classes=self.num_classes, ignore_index=self.ignore_index, top_ks=list(self.top_ks), nll=self.nll,
+            stats=state["stats"], confmat=state.get("confmat"), extras=state["extras"], bad=state["bad"]))
 
     def view(self, state: dict[str, torch.Tensor], need: "ClassStatistic") -> dict[str, torch.Tensor]:
         """``need``'s own layout: ``stats`` [len(need.top_ks), 3, C] etc."""

@@ -160,23 +160,12 @@ class MomentsStatistic(Statistic):
         (filled to ``x``'s size, in ``x``'s dtype when exact there, else
         float64; the kernel computes in float64, so results equal the checked
         path's). WeightedMeanMetric.update(loss, weights=n): 16 -> ~5 us."""
-        x, y, w, mask = (sample.get(k) for k in ("x", "y", "weights", "mask"))
-        if _number(x) and y is None and mask is None and (w is None or _number(w)):
+        x, w = sample.get("x"), sample.get("weights")
+        if self._numbers(sample):
             return self._bind_numbers(w is not None)
-        if not isinstance(x, torch.Tensor) or x.dtype not in FLOATS:
+        if not self._direct(sample):
             return super().bind(sample)
-        same = lambda t: t is None or (  # noqa: E731
-            isinstance(t, torch.Tensor) and t.shape == x.shape and t.dtype == x.dtype
-        )
         w_number = w is not None and not isinstance(w, torch.Tensor)
-        direct = (
-            same(y)
-            and (w_number or same(w))
-            and (mask is None or (mask.dtype == torch.bool and mask.shape == x.shape))
-            and pick("weighted_moments", x.device, None) in ("cpp", "cuda")
-        )
-        if not direct:
-            return super().bind(sample)
         op = torch.ops.d9d_kernels.weighted_moments.default
         skip_bad = self.skip_bad
         filled = [None, None]  # (number, its fill): the op only reads weights, so a repeated n reuses it
@@ -202,6 +191,48 @@ class MomentsStatistic(Statistic):
             op(x, y, w, mask, skip_bad, state["moments"], state["bad"], state["pivot"])
 
         return run
+
+    @staticmethod
+    def _numbers(sample: dict) -> bool:
+        """``x`` (and ``weights``) Python numbers, no ``y``, no ``mask``."""
+        x, y, w, mask = (sample.get(k) for k in ("x", "y", "weights", "mask"))
+        return _number(x) and y is None and mask is None and (w is None or _number(w))
+
+    @staticmethod
+    def _direct(sample: dict) -> bool:
+        """Whether the raw op takes ``sample`` flattened: ``x`` a floating
+        tensor, ``y``, ``weights`` (or a number), ``mask`` None or of its shape."""
+        x, y, w, mask = (sample.get(k) for k in ("x", "y", "weights", "mask"))
+        if not isinstance(x, torch.Tensor) or x.dtype not in FLOATS:
+            return False
+        same = lambda t: t is None or (  # noqa: E731
+            isinstance(t, torch.Tensor) and t.shape == x.shape and t.dtype == x.dtype
+        )
+        return (
+            same(y)
+            and ((w is not None and not isinstance(w, torch.Tensor)) or same(w))
+            and (mask is None or (mask.dtype == torch.bool and mask.shape == x.shape))
+            and pick("weighted_moments", x.device, None) in ("cpp", "cuda")
+        )
+
+    def compile_step(self, sample: dict, state: dict):
+        """``bind``'s raw op call as a ``d9d_kernels.core.compiled.OpStep``."""
+        from d9d_kernels.core.compiled import OpStep
+
+        w = sample.get("weights")
+        consts = dict(skip_bad=self.skip_bad, state=state["moments"], bad=state["bad"], pivot=state["pivot"])
+        if self._numbers(sample):
+            if pick("weighted_moments", state["moments"].device, None) not in ("cpp", "cuda"):
+                return None
+            inputs = {"x": ("fill1", "x"), "weights": ("fill1", "weights")}
+            consts.update(y=None, mask=None)
+        elif self._direct(sample):
+            inputs = {"x": ("flat", "x"), "y": ("flat", "y"), "mask": ("flat", "mask"),
+                      "weights": ("flat", "weights") if w is None or isinstance(w, torch.Tensor)
+                      else ("fill_like", "weights", "x")}
+        else:
+            return None
+        return OpStep("weighted_moments", inputs, consts)
 
     def _bind_numbers(self, weighted: bool):
         """``x`` (and ``weights``) Python numbers, e.g. ``SumMetric.update(float(n))``:
@@ -261,6 +292,23 @@ class ExtremaStatistic(Statistic):
         """``x``: a tensor or a Python number."""
         x = as_tensor(x, state["extrema"].device)
         ops.running_extrema(x, mask, state=state["extrema"], bad=state["bad"], skip_bad=self.skip_bad)
+
+    def compile_step(self, sample: dict, state: dict):
+        """``bind``'s raw op call as a ``d9d_kernels.core.compiled.OpStep``."""
+        from d9d_kernels.core.compiled import OpStep
+
+        x, mask = sample.get("x"), sample.get("mask")
+        if _number(x) and mask is None:
+            inputs = {"x": ("fill1", "x"), "mask": ("as_is", "mask")}
+        elif (isinstance(x, torch.Tensor) and x.dtype in FLOATS
+              and (mask is None or (isinstance(mask, torch.Tensor) and mask.dtype == torch.bool
+                                    and mask.shape == x.shape))):
+            inputs = {"x": ("flat", "x"), "mask": ("flat", "mask")}
+        else:
+            return None
+        if pick("running_extrema", state["extrema"].device, None) not in ("cpp", "cuda"):
+            return None
+        return OpStep("running_extrema", inputs, dict(skip_bad=self.skip_bad, state=state["extrema"], bad=state["bad"]))
 
     def bind(self, sample: dict):
         """The raw ``running_extrema`` op for a floating tensor ``x`` (``mask``

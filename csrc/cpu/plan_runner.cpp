@@ -1,0 +1,241 @@
+// PlanRunner: a metric's planned update as ONE call from Python into C++.
+//
+// d9d_kernels/core/plan.py records, per input signature, which statistic op
+// gets which update input; d9d_kernels/core/compiled.py lowers such a plan to
+// a PlanRunner signature: the metadata every input must have (tensor dtype,
+// device and sizes, or None / float / int / bool), and per op a template
+// argument stack (the state views and constants) with the slots that take an
+// input. run(args, kwargs) checks the inputs against each signature in turn
+// and, on a match, calls every op through the c10 dispatcher (boxed), so a
+// group update costs one Python->C++ transition and no per-member Python.
+// It returns False (and touches nothing) when no signature matches: the
+// caller then takes the Python plan path. Device-agnostic host code: it lives
+// with the CPU sources because it is compiled by the host compiler.
+#include <torch/csrc/Dtype.h>
+#include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/jit/python/pybind_utils.h>
+#include <torch/extension.h>
+
+#include <ATen/core/dispatch/Dispatcher.h>
+
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace py = pybind11;
+
+namespace d9d {
+namespace {
+
+enum class Kind : int { None = 0, Tensor = 1, Float = 2, Int = 3, Bool = 4 };
+
+// What one update input must look like (the plan's input signature).
+struct Check {
+  Kind kind;
+  c10::ScalarType dtype = c10::ScalarType::Undefined;
+  c10::Device device = c10::Device(c10::kCPU);
+  std::vector<int64_t> sizes;
+};
+
+// How an op argument is made from an input.
+enum class Source : int {
+  AsIs = 0,      // the tensor (or None)
+  Flat = 1,      // tensor.reshape(-1), or None
+  Fill1 = 2,     // a number as a float64 [1] tensor on `device`, made once per new value
+  FillLike = 3,  // a number as a tensor of the flattened shape of input `like`, in `like`'s
+                 // dtype when the number is exact there, else float64; made once per new value
+};
+
+struct Slot {
+  int arg;  // position in the op's stack
+  Source source;
+  int input;
+  int like = -1;
+  c10::Device device = c10::Device(c10::kCPU);
+  // the last fill: the ops only read it, so an equal number reuses it
+  bool filled = false;
+  double value = 0.0;
+  at::Tensor fill;
+};
+
+struct Step {
+  c10::OperatorHandle op;
+  std::vector<c10::IValue> stack;
+  std::vector<Slot> slots;
+};
+
+struct Signature {
+  size_t nargs = 0;
+  std::vector<py::object> kwnames;  // interned names, after the positional inputs
+  std::vector<Check> checks;
+  std::vector<Step> steps;
+};
+
+bool exact_in(double v, c10::ScalarType t) {
+  switch (t) {
+    case c10::kDouble:
+      return v == v;
+    case c10::kFloat:
+      return static_cast<double>(static_cast<float>(v)) == v;
+    case c10::kHalf:
+      return static_cast<double>(static_cast<float>(c10::Half(static_cast<float>(v)))) == v &&
+             static_cast<double>(static_cast<float>(v)) == v;
+    case c10::kBFloat16:
+      return static_cast<double>(static_cast<float>(c10::BFloat16(static_cast<float>(v)))) == v &&
+             static_cast<double>(static_cast<float>(v)) == v;
+    default:
+      return false;
+  }
+}
+
+bool matches(PyObject* v, const Check& c) {
+  switch (c.kind) {
+    case Kind::None:
+      return v == Py_None;
+    case Kind::Float:
+      return PyFloat_CheckExact(v);
+    case Kind::Int:
+      return PyLong_CheckExact(v);
+    case Kind::Bool:
+      return PyBool_Check(v);
+    case Kind::Tensor: {
+      if (!THPVariable_Check(v)) return false;
+      const at::Tensor& t = THPVariable_Unpack(v);
+      return t.scalar_type() == c.dtype && t.device() == c.device && t.sizes().equals(c.sizes);
+    }
+  }
+  return false;
+}
+
+double number(PyObject* v) { return PyFloat_Check(v) ? PyFloat_AS_DOUBLE(v) : PyLong_AsDouble(v); }
+
+class PlanRunner {
+ public:
+  // Adds one signature. checks: [(kind, dtype name, device str, sizes)];
+  // steps: [(op name, overload, [(arg position, constant)], [(arg position, source, input, like, device)])].
+  void add(size_t nargs, const std::vector<std::string>& kwnames, const py::list& checks, const py::list& steps) {
+    Signature sig;
+    sig.nargs = nargs;
+    for (const auto& n : kwnames) {
+      PyObject* s = PyUnicode_InternFromString(n.c_str());
+      if (s == nullptr) throw py::error_already_set();
+      sig.kwnames.push_back(py::reinterpret_steal<py::object>(s));
+    }
+    for (auto item : checks) {
+      auto t = item.cast<py::tuple>();
+      Check c{static_cast<Kind>(t[0].cast<int>())};
+      if (c.kind == Kind::Tensor) {
+        TORCH_CHECK(THPDtype_Check(t[1].ptr()), "PlanRunner.add: a torch.dtype");
+        c.dtype = reinterpret_cast<THPDtype*>(t[1].ptr())->scalar_type;
+        c.device = c10::Device(t[2].cast<std::string>());
+        c.sizes = t[3].cast<std::vector<int64_t>>();
+      }
+      sig.checks.push_back(std::move(c));
+    }
+    TORCH_CHECK(sig.checks.size() == nargs + sig.kwnames.size(), "PlanRunner.add: one check per input");
+    for (auto item : steps) {
+      auto t = item.cast<py::tuple>();
+      Step step{c10::Dispatcher::singleton().findSchemaOrThrow(t[0].cast<std::string>().c_str(),
+                                                              t[1].cast<std::string>().c_str())};
+      const auto& args = step.op.schema().arguments();
+      step.stack.resize(args.size());
+      for (auto c : t[2].cast<py::list>()) {
+        auto ct = c.cast<py::tuple>();
+        int pos = ct[0].cast<int>();
+        step.stack[pos] = torch::jit::toIValue(ct[1], args[pos].type());
+      }
+      for (auto s : t[3].cast<py::list>()) {
+        auto st = s.cast<py::tuple>();
+        Slot slot{st[0].cast<int>(), static_cast<Source>(st[1].cast<int>()), st[2].cast<int>(), st[3].cast<int>(),
+                  c10::Device(st[4].cast<std::string>())};
+        TORCH_CHECK(slot.input >= 0 && static_cast<size_t>(slot.input) < sig.checks.size(), "PlanRunner.add: input");
+        step.slots.push_back(std::move(slot));
+      }
+      sig.steps.push_back(std::move(step));
+    }
+    sigs_.push_back(std::move(sig));
+  }
+
+  // True when a signature matched and its ops ran; False: nothing was touched.
+  bool run(py::handle args, py::handle kwargs) {
+    PyObject* a = args.ptr();
+    PyObject* kw = kwargs.ptr();
+    const Py_ssize_t na = PyTuple_GET_SIZE(a);
+    const Py_ssize_t nk = kw == Py_None ? 0 : PyDict_GET_SIZE(kw);
+    for (auto& sig : sigs_) {
+      if (static_cast<size_t>(na) != sig.nargs || static_cast<size_t>(nk) != sig.kwnames.size()) continue;
+      PyObject* inputs[kMaxInputs];
+      const size_t n = sig.checks.size();
+      if (n > kMaxInputs) continue;
+      bool ok = true;
+      for (size_t i = 0; i < n && ok; ++i) {
+        PyObject* v = i < sig.nargs ? PyTuple_GET_ITEM(a, i) : PyDict_GetItem(kw, sig.kwnames[i - sig.nargs].ptr());
+        ok = v != nullptr && matches(v, sig.checks[i]);
+        inputs[i] = v;
+      }
+      if (!ok) continue;
+      for (auto& step : sig.steps) call(step, inputs);
+      return true;
+    }
+    return false;
+  }
+
+  size_t size() const { return sigs_.size(); }
+
+ private:
+  static constexpr size_t kMaxInputs = 16;
+  std::vector<Signature> sigs_;
+
+  static void call(Step& step, PyObject* const* inputs) {
+    torch::jit::Stack stack(step.stack);
+    for (auto& s : step.slots) {
+      PyObject* v = inputs[s.input];
+      switch (s.source) {
+        case Source::AsIs:
+          stack[s.arg] = v == Py_None ? c10::IValue() : c10::IValue(THPVariable_Unpack(v));
+          break;
+        case Source::Flat:
+          stack[s.arg] = v == Py_None ? c10::IValue() : c10::IValue(THPVariable_Unpack(v).reshape(-1));
+          break;
+        case Source::Fill1:
+        case Source::FillLike: {
+          const double x = number(v);
+          if (!(s.filled && s.value == x)) {
+            if (s.source == Source::Fill1) {
+              s.fill = at::full({1}, x, at::TensorOptions().dtype(at::kDouble).device(s.device));
+            } else {
+              const at::Tensor& like = THPVariable_Unpack(inputs[s.like]);
+              const auto dt = exact_in(x, like.scalar_type()) ? like.scalar_type() : at::kDouble;
+              s.fill = at::full({like.numel()}, x, like.options().dtype(dt));
+            }
+            s.filled = true;
+            s.value = x;
+          }
+          stack[s.arg] = s.fill;
+          break;
+        }
+      }
+    }
+    step.op.callBoxed(stack);
+  }
+};
+
+}  // namespace
+
+// Adds the PlanRunner class to the module; without it (an error here) the
+// Python plan path serves every update, so the import itself never fails.
+void add_plan_runner(PyObject* module) {
+  try {
+    py::module_ m = py::reinterpret_borrow<py::module_>(module);
+    py::class_<PlanRunner>(m, "PlanRunner")
+        .def(py::init<>())
+        .def("add", &PlanRunner::add)
+        .def("run", &PlanRunner::run)
+        .def("__len__", &PlanRunner::size);
+  } catch (const std::exception&) {
+    PyErr_Clear();
+  }
+}
+
+}  // namespace d9d

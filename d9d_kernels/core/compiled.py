@@ -1,0 +1,127 @@
+"""Compiled update plans: a planned update as ONE call into C++.
+
+``d9d_kernels.core.plan`` turns the first update of an input signature into
+a ``Plan`` (which statistic gets which input; later calls run
+``Statistic.bind`` callables). At a small batch the remaining Python (the
+wrapper, a dict per statistic, the ``torch.ops`` argument parsing) still
+costs several times the kernels. When every step of a plan is a raw op call,
+``attach`` lowers it to a signature of the owner's ``_C.PlanRunner``: the
+metadata each input must have, and per op its argument stack (state views,
+constants) with the slots that take an input. The planned wrapper then calls
+``runner.run(args, kwargs)`` first: on a match it checks the inputs and
+calls every op through the c10 dispatcher in C++; otherwise (a new
+signature, a changed dtype...) it returns False and the Python path runs as
+before. Both paths make the same op calls on the same tensors, so their
+states are bit-identical (tests/core/test_compiled.py).
+
+A statistic opts in with ``compile_step(sample, state) -> OpStep | None``
+(None: keep the Python plan), the lowered form of its ``bind``.
+``D9D_KERNELS_COMPILED=0`` (read when a signature is planned) keeps every
+update on the Python plan path (the reference; also what ``torch.compile``
+traces: the wrapper never calls the runner while compiling).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import torch
+
+__all__ = ["OpStep", "attach", "enabled", "runner_class"]
+
+#: how an op argument is made from an input (values of csrc/cpu/plan_runner.cpp's Source)
+SOURCES = {"as_is": 0, "flat": 1, "fill1": 2, "fill_like": 3}
+_KINDS = {type(None): 0, float: 2, int: 3, bool: 4}
+
+
+@dataclass
+class OpStep:
+    """One ``torch.ops.d9d_kernels.<op>`` call of a compiled plan.
+
+    Attributes:
+        op: the op's name in the ``d9d_kernels`` namespace.
+        inputs: op argument -> ``(source, statistic input[, like input])``,
+            source one of ``SOURCES``: the input as is, flattened
+            (``reshape(-1)``), a number filled as a float64 ``[1]`` tensor, or
+            a number filled to the flattened size of input ``like``.
+        consts: op argument -> value (state views, configuration).
+    """
+
+    op: str
+    inputs: dict
+    consts: dict = field(default_factory=dict)
+
+
+def runner_class():
+    """``_C.PlanRunner``, or None when the extension lacks it."""
+    try:
+        from d9d_kernels import _C
+    except ImportError:
+        return None
+    return getattr(_C, "PlanRunner", None)
+
+
+def enabled() -> bool:
+    return os.environ.get("D9D_KERNELS_COMPILED", "1") != "0" and runner_class() is not None
+
+
+def _check(v):
+    if isinstance(v, torch.Tensor):
+        return (1, v.dtype, str(v.device), list(v.shape))
+    kind = _KINDS.get(type(v))
+    return None if kind is None else (kind,)
+
+
+def _lower(storage, plan, recorded, names: list) -> list | None:
+    """The runner's steps of ``plan``, or None when a step has no ``compile_step``."""
+    steps = []
+    for (j, _, spec), (_, sample) in zip(plan.steps, recorded):
+        stat = storage.layout.stats[j]
+        make = getattr(stat, "compile_step", None)
+        step = None if make is None else make(sample, storage.local_views[j])
+        if step is None:
+            return None
+        # statistic input -> index of the update input it came from (None: it was None)
+        where = {name: (None if by_name is None else names.index(src) if by_name else src)
+                 for name, by_name, src in spec}
+        schema = getattr(torch.ops.d9d_kernels, step.op).default._schema
+        pos = {a.name: i for i, a in enumerate(schema.arguments)}
+        consts = [(pos[k], v) for k, v in step.consts.items()]
+        slots = []
+        for arg, (source, stat_input, *like) in step.inputs.items():
+            i = where.get(stat_input)
+            if i is None:  # None in this signature
+                consts.append((pos[arg], None))
+                continue
+            li = -1
+            if like:
+                li = where.get(like[0])
+                if li is None:
+                    return None
+            dev = str(next(iter(storage.local_views[j].values())).device)
+            slots.append((pos[arg], SOURCES[source], i, li, dev))
+        covered = {p for p, _ in consts} | {s[0] for s in slots}
+        for i, a in enumerate(schema.arguments):  # every argument given: the stack has no defaults
+            if i not in covered:
+                return None
+        steps.append((f"d9d_kernels::{step.op}", "", consts, slots))
+    return steps
+
+
+def attach(storage, owner: int, plan, recorded: list, args: tuple, kwargs: dict) -> None:
+    """Adds ``plan`` (just built from ``recorded`` for this call's signature)
+    to ``owner``'s runner in ``storage.compiled`` when every step lowers."""
+    if plan is None or not hasattr(plan, "steps") or torch.compiler.is_compiling() or not enabled():
+        return
+    names = [None] * len(args) + list(kwargs)  # update input index -> keyword name
+    checks = [_check(v) for v in (*args, *kwargs.values())]
+    if any(c is None for c in checks) or len(checks) > 16:
+        return
+    steps = _lower(storage, plan, recorded, names)
+    if steps is None:
+        return
+    runner = storage.compiled.get(owner)
+    if runner is None:
+        runner = storage.compiled[owner] = runner_class()()
+    runner.add(len(args), list(kwargs), checks, steps)
