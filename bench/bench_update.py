@@ -11,6 +11,7 @@ torcheval, no slower than plain torch.
 
     python bench/bench_update.py [--quick] [--out bench/results/update.csv]
     python bench/bench_update.py --segmentation only --out bench/results/bench_update_segmentation.csv
+    python bench/bench_update.py --hostcost only     # -> bench/results/bench_update_hostcost.csv
 
 One CSV row per (provider, C, batch): median/p20/p80 of the update call.
 Plot + table: ``python bench/report.py``.
@@ -23,6 +24,16 @@ and d9d fed a ``movedim(1, -1).contiguous()`` copy (what channel-last-only
 input costs). Besides the times, the peak memory one update adds over its
 inputs goes to ``bench_update_segmentation_memory.csv`` beside ``--out`` (CPU: the process's
 resident high-water mark, reset before the call; CUDA: the allocator's peak).
+
+Host-cost section (``hostcost_rows``, ``bench_update_hostcost.csv``): what one
+training step's metric update costs the host at C = 10, B = 256 (launch-bound
+sizes), the loss weight as a Python number and as a 0-d tensor, for d9d
+(compiled plans; and its Python plan path), torchmetrics, hand-written torch,
+d9d's parts alone and the raw custom-op calls d9d makes (the floor). Two
+modes: hot (each contender in its own loop) and interleaved (contenders
+round-robin in a random order per round, as inside a training loop; a second
+pass also writes ``--flush-kib`` KiB between calls, a model step's cache
+traffic).
 """
 
 from __future__ import annotations
@@ -30,6 +41,7 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -57,6 +69,10 @@ def parse(argv=None):
                    help="the [8, 21, 512, 512] segmentation section: with the group rows (default), only it, or off")
     p.add_argument("--seg-peak", default=None, choices=SEG_PROVIDERS, help=argparse.SUPPRESS)  # child process
     p.add_argument("--seg-shape", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--hostcost", choices=("with", "only", "off"), default="with",
+                   help="the host-cost section (C = 10, B = 256, hot and interleaved): with the rest, only it, or off")
+    p.add_argument("--flush-kib", type=int, default=FLUSH_KIB, help="host-cost section: KiB written between two "
+                   "calls of the second interleaved pass (the first writes none)")
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda: on cuda the d9d update is also "
                    "run under torch.cuda.set_sync_debug_mode('error') and its host syncs per step recorded")
     a = p.parse_args(argv)
@@ -102,6 +118,9 @@ def main(argv=None) -> int:
     timing = harness.Timing.tiny() if a.tiny else (harness.Timing.quick() if a.quick else harness.Timing())
     rows, dev = [], torch.device(a.device)
     sync = torch.cuda.synchronize if dev.type == "cuda" else None
+    if a.hostcost == "only":
+        hostcost_rows(a, timing, dev)
+        return 0
     for C in a.classes if a.segmentation != "only" else ():
         for N in a.batches:
             inputs = pv.update_inputs(N, C, device=dev)
@@ -118,6 +137,8 @@ def main(argv=None) -> int:
                 del g
     if a.segmentation != "off":
         rows.extend(segmentation_rows(a, timing, dev))
+    if a.hostcost != "off" and a.segmentation != "only":
+        hostcost_rows(a, timing, dev)
     harness.write_csv(a.out, rows)
     print(f"{BENCH}: wrote {a.out} ({len(rows)} rows)")
     return 0
@@ -262,6 +283,113 @@ def segmentation_rows(a, timing, dev) -> list[dict]:
         w = csv.DictWriter(f, fieldnames=list(mem[0]))
         w.writeheader()
         w.writerows(mem)
+    print(f"{BENCH}: wrote {path}")
+    return rows
+
+
+# ------------------------------------------------------------------ host cost
+HOST_C, HOST_B = 10, 256
+HOST_ROUNDS = {"full": 400, "quick": 150, "tiny": 5}
+#: bytes written between two interleaved calls (--flush-kib): a model step's cache traffic
+FLUSH_KIB = 1024
+
+
+def hostcost_contenders(C: int, B: int, dev) -> dict:
+    """``{(provider, weights): fn()}``: one training step's metric update of the
+    bench group (loss weighted mean + acc, top-5, macro F1/P/R, confmat) per
+    provider, with the loss weight (the batch's token count) as a Python
+    number and as a 0-d tensor; d9d's parts alone; the raw custom-op calls
+    the d9d step makes (the floor)."""
+    import os
+
+    import d9d_kernels as dk
+
+    logits, target, loss, n = pv.update_inputs(B, C, device=dev)
+    n_t = torch.tensor(float(n), device=dev)  # 0-d, loss's dtype: e.g. (labels != ignore).sum().float()
+    out = {}
+    for weights, w in (("number", n), ("tensor", n_t)):
+        for prov in ("d9d", "d9d_python_plan", "torchmetrics", "torchmetrics_fast", "plain_torch"):
+            g = pv.make_update_group("d9d" if prov == "d9d_python_plan" else prov, C, device=dev)
+            if prov == "d9d_python_plan":  # the switch is read when a signature is planned: the first call
+                os.environ["D9D_KERNELS_COMPILED"] = "0"
+                try:
+                    g.update(logits, target, loss, w)
+                finally:
+                    del os.environ["D9D_KERNELS_COMPILED"]
+            out[(prov, weights)] = (lambda g=g, w=w: g.update(logits, target, loss, w))
+    g = pv.make_update_group("d9d", C, device=dev).g
+    out[("d9d_loss_member", "tensor")] = lambda: g["loss"].update(values=loss, weights=n_t)
+    out[("d9d_group_update", "-")] = lambda: g.update(preds=logits, target=target)
+    m = dk.WeightedMeanMetric().to(dev)
+    out[("d9d_weighted_mean", "tensor")] = lambda: m.update(values=loss, weights=n_t)
+    out[("d9d_weighted_mean", "number")] = lambda: m.update(values=loss, weights=n)
+    # the floor: the op calls the d9d step makes, from Python, on a copy of its state
+    st = pv.make_update_group("d9d", C, device=dev).g._storage
+    by_type = {type(s).__name__: j for j, s in enumerate(st.layout.stats)}
+    cs, wm = st.layout.stats[by_type["ClassStatistic"]], st.local_views[by_type["ClassStatistic"]]
+    mv = st.local_views[by_type["MomentsStatistic"]]
+    op_cs, op_wm = torch.ops.d9d_kernels.class_stats.default, torch.ops.d9d_kernels.weighted_moments.default
+    ks, loss1, n1 = list(cs.top_ks), loss.reshape(-1), n_t.reshape(-1)
+
+    def raw_cs():
+        op_cs(logits, target, None, C, cs.ignore_index, ks, cs.nll, wm["stats"], wm.get("confmat"), wm["extras"], wm["bad"])
+
+    def raw_wm():
+        op_wm(loss1, None, n1, None, False, mv["moments"], mv["bad"], mv["pivot"])
+
+    out[("raw_class_stats", "-")] = raw_cs
+    out[("raw_weighted_moments", "tensor")] = raw_wm
+    out[("raw_ops", "tensor")] = lambda: (raw_wm(), raw_cs())
+    return out
+
+
+def interleaved(fns: dict, rounds: int, dev, flush_kib: int = FLUSH_KIB) -> dict:
+    """Per-call times of every contender called round-robin (a new random
+    order each round: no contender always follows the same one), with
+    ``flush_kib`` KiB written between two calls: each call finds the caches
+    as a training step leaves them, not warmed by its own loop."""
+    import random
+
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    flush = torch.empty(max(1, flush_kib * 256), dtype=torch.float32, device=dev)
+    keys = list(fns)
+    times = {k: [] for k in keys}
+    for fn in fns.values():
+        fn()
+    rng = random.Random(0)
+    for r in range(rounds):
+        order = keys[:]
+        rng.shuffle(order)
+        for k in order:
+            flush.fill_(float(r))
+            sync()
+            t0 = time.perf_counter()
+            fns[k]()
+            sync()
+            times[k].append(time.perf_counter() - t0)
+    return {k: harness.stats(v) for k, v in times.items()}
+
+
+def hostcost_rows(a, timing, dev) -> list[dict]:
+    """Writes ``bench_update_hostcost.csv`` beside ``--out``: hot (each
+    contender in its own loop) and interleaved medians."""
+    C, B = HOST_C, HOST_B
+    fns = hostcost_contenders(C, B, dev)
+    rows = []
+    sync = torch.cuda.synchronize if dev.type == "cuda" else None
+    for (prov, weights), fn in fns.items():
+        st = harness.measure(fn, timing, sync=sync)
+        rows.append(harness.row(BENCH, op="host_update_hot", provider=prov, shape=f"C={C},N={B},weights={weights}",
+                                dtype="float32", device=dev.type, stats=st))
+        print(f"{BENCH}: hot         {prov:<22s} weights={weights:<7s} {st.p50 * 1e6:8.2f} us", flush=True)
+    rounds = HOST_ROUNDS["tiny" if a.tiny else "quick" if a.quick else "full"]
+    for op, kib in (("host_update_interleaved", 0), ("host_update_interleaved_flush", a.flush_kib)):
+        for (prov, weights), st in interleaved(fns, rounds, dev, kib).items():
+            rows.append(harness.row(BENCH, op=op, provider=prov, shape=f"C={C},N={B},weights={weights}",
+                                    dtype="float32", device=dev.type, stats=st))
+            print(f"{BENCH}: {op} {prov:<22s} weights={weights:<7s} {st.p50 * 1e6:8.2f} us", flush=True)
+    path = Path(a.out).with_name(f"{BENCH}_hostcost.csv")
+    harness.write_csv(path, rows)
     print(f"{BENCH}: wrote {path}")
     return rows
 
