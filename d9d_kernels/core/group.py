@@ -139,20 +139,17 @@ class MetricGroup(_GroupBase):
 
     def compute(self) -> dict[str, torch.Tensor]:
         """``{name: tensor}`` (synced after ``wait_sync``, else local)."""
-        return {n: m.compute() for n, m in self._members.items()}
+        from d9d_kernels.metrics.formulas.fused import fused_values  # one pass per formula family
+
+        return fused_values(self)
 
     def reset(self) -> None:
         self._storage.reset()
 
     def _host_items(self):
-        items, checks = [], []
-        for n, m in self._members.items():
-            states = m._states()
-            bad = m._bad_count(states)
-            items.append((n, m._compute_unchecked(states)))
-            if bad is not None:
-                checks.append((m, bad))
-        return items, checks
+        from d9d_kernels.metrics.formulas.fused import fused_host_items
+
+        return fused_host_items(self)
 
     def compute_to_host(self) -> HostValues:
         """All members' values in ONE non-blocking device->host copy;
