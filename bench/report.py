@@ -295,6 +295,65 @@ def update_section(rows, targets: list) -> list[str]:
     return lines
 
 
+HOST_LABEL = {
+    "d9d": "d9d_kernels: loss + group update (compiled plans)",
+    "d9d_python_plan": "d9d_kernels on the Python plan path (D9D_KERNELS_COMPILED=0)",
+    "d9d_loss_member": "d9d_kernels: `g[\"loss\"].update` alone",
+    "d9d_group_update": "d9d_kernels: `g.update(preds, target)` alone",
+    "d9d_weighted_mean": "d9d_kernels: standalone `WeightedMeanMetric.update`",
+    "raw_class_stats": "raw `class_stats` op call from Python (floor of `g.update`)",
+    "raw_weighted_moments": "raw `weighted_moments` op call from Python",
+    "raw_ops": "both raw op calls (floor of the step)",
+}
+HOST_OPS = (("host_update_hot", "hot"), ("host_update_interleaved", "interleaved"),
+            ("host_update_interleaved_flush", "interleaved + 1 MiB flush"))
+
+
+def hostcost_section(rows, targets: list) -> list[str]:
+    """bench_update_hostcost.csv: one training step's metric update, hot and interleaved."""
+    idx = _index(rows, lambda r: (r["op"], r["provider"], r["_shape"].get("weights", "-")))
+    shape = rows[0]["shape"].rsplit(",", 1)[0] if rows else ""
+    lines = ["## Host cost of one step's metric update (`bench/bench_update.py`, host-cost section)", "",
+             f"{shape}: loss weighted mean (weights = the token count, a Python number or a 0-d tensor) + "
+             "accuracy + top-5 + macro F1/precision/recall + confusion matrix. Hot: each contender in its own "
+             "loop. Interleaved: every contender once per round in a random order (as inside a training loop, "
+             "caches left by the others); the flush pass also writes 1 MiB between two calls. Medians.", "",
+             "| contender | weights | " + " | ".join(label for _, label in HOST_OPS) + " |",
+             "|---|---|" + "---|" * len(HOST_OPS)]
+    keys = []
+    for r in rows:
+        k = (r["provider"], r["_shape"].get("weights", "-"))
+        if k not in keys:
+            keys.append(k)
+    for prov, w in keys:
+        cells = [_fmt_t(idx[(op, prov, w)]["_p50"]) if (op, prov, w) in idx else "–" for op, _ in HOST_OPS]
+        lines.append(f"| {HOST_LABEL.get(prov, LABEL.get(prov, prov))} | {w} | " + " | ".join(cells) + " |")
+    lines.append("")
+
+    def t(op, prov, w):
+        r = idx.get((op, prov, w))
+        return None if r is None else r["_p50"]
+
+    for op, label in HOST_OPS[1:]:
+        for w in ("number", "tensor"):
+            d = t(op, "d9d", w)
+            for peer, goal in (("torchmetrics", 40.0), ("plain_torch", 4.0)):
+                p = t(op, peer, w)
+                if d and p:
+                    targets.append(("host cost", f"{LABEL[peer]} / d9d_kernels, step update {label}, {w} weights",
+                                    f"≥ {goal:g}×", f"{p / d:.1f}× ({_fmt_t(p)} vs {_fmt_t(d)})", p / d >= goal))
+    g, floor = t("host_update_hot", "d9d_group_update", "-"), t("host_update_hot", "raw_class_stats", "-")
+    if g and floor:
+        targets.append(("host cost", "`g.update` hot / its raw `class_stats` call from Python", "≤ 2×",
+                        f"{g / floor:.2f}× ({_fmt_t(g)} vs {_fmt_t(floor)})", g / floor <= 2.0))
+    for w in ("tensor", "number"):
+        wm = t("host_update_hot", "d9d_weighted_mean", w)
+        if wm:
+            targets.append(("host cost", f"`WeightedMeanMetric.update` hot, {w} weights", "≤ 3 µs", _fmt_t(wm),
+                            wm <= 3e-6))
+    return lines
+
+
 def sync_section(rows, targets: list) -> list[str]:
     lines = ["## Sync latency with gloo (`bench/bench_sync.py`)", "",
              "K metrics (mix of mean, sum, max, min, accuracy and macro F1 on 10 classes), spawned "
@@ -493,7 +552,8 @@ def build(results: Path, doc: Path, plots: bool = True) -> tuple[str, str]:
     results = Path(results)
     sections, targets, pngs = [], [], []
     known = {"bench_update": (update_section, plot_update), "bench_sync": (sync_section, plot_sync),
-             "bench_training": (training_section, plot_training), "bench_scale": (scale_section, plot_scale)}
+             "bench_training": (training_section, plot_training), "bench_scale": (scale_section, plot_scale),
+             "bench_update_hostcost": (hostcost_section, None)}
     csvs = sorted(results.glob("*.csv"))
     ordered = [results / f"{k}.csv" for k in known] + [p for p in csvs if p.stem not in known]
     for path in ordered:

@@ -195,9 +195,15 @@ class PlanRunner {
         case Source::AsIs:
           stack[s.arg] = v == Py_None ? c10::IValue() : c10::IValue(THPVariable_Unpack(v));
           break;
-        case Source::Flat:
-          stack[s.arg] = v == Py_None ? c10::IValue() : c10::IValue(THPVariable_Unpack(v).reshape(-1));
+        case Source::Flat: {
+          if (v == Py_None) {
+            stack[s.arg] = c10::IValue();
+            break;
+          }
+          const at::Tensor& t = THPVariable_Unpack(v);
+          stack[s.arg] = t.dim() == 1 ? t : t.reshape(-1);  // a 1-D input is its own flattening
           break;
+        }
         case Source::Fill1:
         case Source::FillLike: {
           const double x = number(v);
