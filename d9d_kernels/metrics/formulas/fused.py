@@ -22,13 +22,15 @@ per-member formulas (tests/core/test_fused_compute.py).
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from d9d_kernels.core.statistic import MAX, REPLICA, SUM
 from d9d_kernels.metrics.aggregation import MaxMetric, MinMetric, SumMetric, WeightedMeanMetric
 from d9d_kernels.metrics.classification import _Classification
 
-__all__ = ["fused_values", "fused_host_items"]
+__all__ = ["fused_values", "fused_host_items", "fused_compute_to_host"]
 
 _SIMPLE = (int, float, str, bool, type(None))
 _MOMENTS = (SumMetric, WeightedMeanMetric)
@@ -277,3 +279,65 @@ def fused_host_items(group):
             counts = counts.index_add(0, torch.tensor(at, device=bad.device), -bad[K:])
         checks = list(zip(plan.checked_fused, counts.unbind(0)))
     return [(name, vals[name]) for name in plan.order], checks + _single_bad(plan)
+
+
+def fused_compute_to_host(group):
+    """``MetricGroup.compute_to_host()``: every value and bad count packed by
+    family (one ``cat``, one permutation into member order), then ONE
+    non-blocking device->host copy; a ``HostValues`` as the per-member path gives."""
+    from d9d_kernels.core.metric import HostValues
+
+    plan = _plan(group)
+    bufs = _buffers(group)
+    dev = next(iter(bufs.values())).device
+    parts, seg = [], {}  # seg: name -> (offset in the packed order, shape)
+    pos = 0
+    if plan.families:
+        flat, blocks, _ = plan.indices(dev)
+        gathered = {k: bufs[k].index_select(0, i) for k, i in flat.items()}
+        for e, b in zip(plan.families, blocks):
+            g = {k: gathered[k][start : start + K * n].view(K, n) for k, (start, K, n) in b.items()}
+            v = e["formula"](e["first"], g).to(torch.float64)
+            shape, n = tuple(v.shape[1:]), v[0].numel()
+            for name in e["names"]:
+                seg[name] = (pos, shape)
+                pos += n
+            parts.append(v.reshape(-1))
+    members = group._members
+    for name in plan.single:
+        m = members[name]
+        v = m._compute_unchecked(m._states()).detach().to(torch.float64)
+        seg[name] = (pos, tuple(v.shape))
+        pos += v.numel()
+        parts.append(v.reshape(-1))
+    checks = []
+    bad = _fused_bad(plan, bufs)
+    if bad is not None:
+        K = len(plan.checked_fused)
+        counts = bad[:K]
+        if plan.nf_idx is not None:  # subtract the non-finite counts where a member has one
+            at = [i for i, f in enumerate(plan.nf_idx) if f is not None]
+            counts = counts.index_add(0, torch.tensor(at, device=dev), -bad[K:])
+        parts.append(counts)
+        checks += plan.checked_fused
+    for m, c in _single_bad(plan):
+        parts.append(c.reshape(1).to(torch.float64))
+        checks.append(m)
+    names = plan.order
+    shapes = [seg[n][1] for n in names]
+    key = (dev, tuple(seg[n] for n in names), pos)
+    perm = plan._device_idx.get(key)
+    if perm is None:
+        order = [i for n in names for i in range(seg[n][0], seg[n][0] + math.prod(seg[n][1]))]
+        perm = plan._device_idx[key] = torch.tensor(order + list(range(pos, pos + len(checks))),
+                                                    dtype=torch.int64, device=dev)
+    packed = torch.cat(parts).index_select(0, perm) if parts else torch.zeros(0, dtype=torch.float64)
+    event = None
+    if packed.is_cuda:
+        host = torch.empty(packed.shape, dtype=torch.float64, pin_memory=True)
+        host.copy_(packed, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+    else:
+        host = packed.to("cpu")
+    return HostValues(host, names, shapes, checks, event, single=False)
