@@ -90,7 +90,9 @@ def f64_bits(v: float) -> int:
 
 @triton.jit
 def from_bits(bits):
-    return bits.to(tl.float64, bitcast=True)
+    # Triton types small ints (0.0's bits, tiny denormals) as int32 and may make
+    # 1 a constant: widen first (sign extension keeps the bits' value).
+    return tl.cast(bits, tl.int64).to(tl.float64, bitcast=True)
 
 
 def pow2(n: int) -> int:
