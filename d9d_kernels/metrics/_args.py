@@ -6,8 +6,9 @@ import math
 
 import torch
 
+from d9d_kernels.core.metric import NAN_STRATEGIES  # noqa: F401  (defined by the core, which checks it first)
+
 TASKS = ("binary", "multiclass", "multilabel")
-NAN_STRATEGIES = ("error", "ignore", "propagate")
 
 
 def fail(metric: str, arg: str, msg: str, exc: type = ValueError):
