@@ -50,8 +50,40 @@ def test_demo_quick(tmp_path):
         assert st["steps"] > 0 and st["p20_ms"] <= st["median_ms"] <= st["p80_ms"]
 
 
-def test_demo_rejects_bad_flags():
+def test_demo_rejects_bad_flags(tmp_path):
+    """The CLI stops at argument parsing: usage error (exit 2) naming the flag, no traceback, nothing written."""
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.run([sys.executable, "-m", "d9d_kernels.demo", "--world-size", "0"],
+    out = tmp_path / "demo"
+    proc = subprocess.run([sys.executable, "-m", "d9d_kernels.demo", "--world-size", "0", "--out", str(out)],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
-    assert proc.returncode != 0
+    assert proc.returncode == 2, proc.stderr
+    assert "usage: python -m d9d_kernels.demo" in proc.stderr
+    assert "--world-size" in proc.stderr.splitlines()[-1] and ">= 1" in proc.stderr
+    assert "Traceback" not in proc.stderr and not out.exists()
+
+
+@pytest.mark.parametrize("argv,flag", [
+    (["--world-size", "0"], "--world-size"),
+    (["--steps", "0"], "--steps"),
+    (["--log-every", "-3"], "--log-every"),
+    (["--steps", "ten"], "--steps"),
+    (["--timeout", "soon"], "--timeout"),
+    (["--no-such-flag"], "--no-such-flag"),
+])
+def test_demo_flag_errors_name_the_flag(argv, flag, capsys):
+    from d9d_kernels import demo
+
+    with pytest.raises(SystemExit) as e:
+        demo._parse(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage:") and flag in err.splitlines()[-1], err
+
+
+def test_demo_good_flags_parse():
+    from d9d_kernels import demo
+
+    a = demo._parse(["--quick", "--world-size", "3"])
+    assert (a.world_size, a.steps, a.log_every, a.quick) == (3, 40, 10, True)
+    a = demo._parse([])
+    assert (a.world_size, a.steps, a.log_every, a.quick) == (2, 300, 25, False)
