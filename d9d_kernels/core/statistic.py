@@ -44,7 +44,9 @@ MAX = "max"  # all_reduce MAX across ranks (a min is stored negated)
 REPLICA = "replica"  # identical on every rank after the first sync; never reduced (e.g. pivots)
 KINDS = (SUM, MAX, REPLICA)
 
-__all__ = ["Slot", "Statistic", "statistic", "param", "union", "either", "optional_int", "SUM", "MAX", "REPLICA", "KINDS"]
+__all__ = [
+    "Slot", "Statistic", "statistic", "param", "union", "either", "optional_int", "SUM", "MAX", "REPLICA", "KINDS",
+]
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,8 @@ class HistogramStatistic(CountsNonfinite):
     ignore_index: int | None = None
 
     def slots(self) -> list[Slot]:
-        return [Slot("hist", SUM, (2, self.num_labels or 1, self.num_bins)), Slot("bad", SUM, (1,))] + self.nonfinite_slots()
+        hist = Slot("hist", SUM, (2, self.num_labels or 1, self.num_bins))
+        return [hist, Slot("bad", SUM, (1,))] + self.nonfinite_slots()
 
     def update(self, state: dict[str, torch.Tensor], **inputs) -> None:
         preds, target, mask = self.unpack(inputs)
