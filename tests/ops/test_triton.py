@@ -35,7 +35,7 @@ pytestmark = [
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
-OPS = ("weighted_moments", "class_stats", "binary_stats", "score_histogram", "running_extrema")
+OPS = dk.ops.OPS
 NAN, INF = float("nan"), float("inf")
 
 
