@@ -160,3 +160,30 @@ def test_group_of_segmentation_metrics_one_update():
     out = g.compute()
     for k, r in refs.items():
         np.testing.assert_allclose(out[k].numpy().reshape(-1), quiet(r.compute).numpy().reshape(-1), rtol=1e-5)
+
+
+def test_group_members_share_one_counting_pass(monkeypatch):
+    from d9d_kernels.metrics import segmentation as seg
+
+    calls = []
+    real = seg.segmentation_counts
+    monkeypatch.setattr(seg, "segmentation_counts", lambda *a, **k: calls.append(1) or real(*a, **k))
+    g = dk.MetricGroup({"dice": dk.Dice(num_classes=C, input_format="index"),
+                        "gds": dk.GeneralizedDiceScore(num_classes=C, input_format="index"),
+                        "miou": dk.MeanIoU(num_classes=C, input_format="index"),
+                        "miou_bg": dk.MeanIoU(num_classes=C, input_format="index", include_background=False)})
+    p, t = torch.randint(0, C, (2, 5, 5)), torch.randint(0, C, (2, 5, 5))
+    g.update(preds=p, target=t)
+    assert len(calls) == 2  # one per configuration (with / without background)
+    t[0, 0, 0] = (t[0, 0, 0] + 1) % C  # in-place change: counted afresh
+    g.update(preds=p, target=t)
+    assert len(calls) == 4
+    # results equal standalone metrics fed the two batches (the first one before the in-place change)
+    solo = {k: type(m)(num_classes=C, input_format="index", **({"include_background": False} if k == "miou_bg" else {}))
+            for k, m in g.items()}
+    t0 = t.clone()
+    t0[0, 0, 0] = (t0[0, 0, 0] - 1) % C
+    for k, m in solo.items():
+        m.update(p, t0)
+        m.update(p, t)
+        torch.testing.assert_close(g[k].compute(), m.compute())
