@@ -23,8 +23,12 @@ class _PercentageError(ValueMean):
         A.check(tuple(preds.shape) == tuple(target.shape), name, "target",
                 f"must have preds' shape {tuple(preds.shape)}, got {tuple(target.shape)}")
         self._check_optional(preds.shape, weights, mask)
-        p, t = preds.to(torch.float64), target.to(torch.float64)
-        self._add(self._error(p, t), weights, mask)
+        # the error in the inputs' floating dtype (torchmetrics' precision; a float32
+        # batch needs no float64 copies), summed in float64 by the kernel
+        dtype = torch.promote_types(preds.dtype, target.dtype)
+        if not dtype.is_floating_point:
+            dtype = torch.float64
+        self._add(self._error(preds.to(dtype), target.to(dtype)), weights, mask)
 
 
 class MeanAbsolutePercentageError(_PercentageError):
@@ -40,7 +44,7 @@ class MeanAbsolutePercentageError(_PercentageError):
 
     @staticmethod
     def _error(p, t):
-        return (p - t).abs() / t.abs().clamp(min=EPSILON)
+        return (p - t).abs_().div_(t.abs().clamp_(min=EPSILON))
 
 
 class SymmetricMeanAbsolutePercentageError(_PercentageError):
@@ -57,4 +61,4 @@ class SymmetricMeanAbsolutePercentageError(_PercentageError):
 
     @staticmethod
     def _error(p, t):
-        return 2.0 * (p - t).abs() / (t.abs() + p.abs()).clamp(min=EPSILON)
+        return (p - t).abs_().mul_(2.0).div_((t.abs() + p.abs()).clamp_(min=EPSILON))
