@@ -10,7 +10,8 @@ equals torchmetrics' (which keeps every confidence) on the concatenated data.
 
 The score histogram kernel (``score_histogram``) counts positives/negatives
 per bin but not the confidence sum each bin needs, hence one ``index_add_``
-of the three per-row values per update.
+of the three per-row values per update. Members of a group with the same
+configuration (e.g. l1, l2 and max) bin the same inputs once.
 """
 
 from __future__ import annotations
@@ -19,10 +20,14 @@ import torch
 
 from d9d_kernels.core.metric import Metric
 from d9d_kernels.metrics import _args as A
+from d9d_kernels.metrics._memo import LastInputs
 
 __all__ = ["CalibrationError"]
 
 NORMS = ("l1", "l2", "max")
+
+#: ECE / RMS / MCE members of a group on the same inputs bin them once (d9d_kernels/metrics/_memo.py)
+_memo = LastInputs()
 
 
 def calibration_error(bins: torch.Tensor, norm: str) -> torch.Tensor:
@@ -119,9 +124,21 @@ class CalibrationError(Metric):
             ok = len(ps) == len(ts) + 1 and len(ps) >= 2 and ps[0] == ts[0] and ps[2:] == ts[1:] and ps[1] == C
             A.check(ok, name, "preds", f"must be [N, C={C}, ...] scores for target [N, ...], got preds {ps}, target {ts}")
         A.check_mask(name, mask, ts)
-        super().update(preds=preds, target=target, mask=mask)
+        key = (self.task, self.n_bins, self.num_classes, self.ignore_index, self.nan_strategy)
+        binned = _memo.get((preds, target, mask), key)
+        if binned is None:
+            binned = self._binned(preds, target, mask)
+            _memo.put((preds, target, mask), key, binned)
+        super().update(binned=binned)
 
-    def _update(self, preds, target, mask=None):
+    def _update(self, binned):
+        bad, idx, rows = binned
+        self.bad += bad
+        self.bins.index_add_(1, idx, rows)
+
+    def _binned(self, preds, target, mask):
+        """(bad count [1], bin index [M], (weight, weight·confidence, weight·accuracy) [3, M])."""
+        bad = torch.zeros(1, dtype=torch.float64, device=preds.device)
         t = target.reshape(-1).long()
         keep = torch.ones_like(t, dtype=torch.bool) if mask is None else torch.broadcast_to(mask, target.shape).reshape(-1)
         if self.ignore_index is not None:
@@ -135,10 +152,10 @@ class CalibrationError(Metric):
             p = preds.movedim(1, -1).reshape(-1, C)
             in_range = (t >= 0) & (t < C)
             finite = torch.isfinite(p).all(-1)
-        self.bad += (keep & ~in_range).sum().reshape(1)
+        bad = bad + (keep & ~in_range).sum()
         keep = keep & in_range
         if self.nan_strategy == "error":
-            self.bad += (keep & ~finite).sum().reshape(1)
+            bad = bad + (keep & ~finite).sum()
         if self.nan_strategy != "propagate":
             # left out before the logits decision: the batch reads as torchmetrics reads its finite rows
             keep = keep & finite
@@ -156,7 +173,7 @@ class CalibrationError(Metric):
         idx = (torch.bucketize(conf, edges, right=True) - 1).clamp(0, self.n_bins)
         w = keep.to(torch.float64)
         rows = torch.stack([w, w * conf.to(torch.float64), w * acc.to(torch.float64)])
-        self.bins.index_add_(1, idx, rows)
+        return bad, idx, rows
 
     def _raise_on_bad(self) -> bool:
         return True

@@ -23,12 +23,11 @@ with the count (torchmetrics' ``one_hot`` raises at update).
 
 from __future__ import annotations
 
-import weakref
-
 import torch
 
 from d9d_kernels.core.metric import Metric
 from d9d_kernels.metrics import _args as A
+from d9d_kernels.metrics._memo import LastInputs
 
 __all__ = ["Dice", "DiceScore", "GeneralizedDiceScore", "MeanIoU", "segmentation_counts"]
 
@@ -125,33 +124,8 @@ def segmentation_counts(metric: str, preds, target, num_classes: int | None, inp
     return inter, psum, tsum, bad.reshape(1)
 
 
-class _CountsMemo:
-    """The counts of the last ``(preds, target, configuration)`` seen.
-
-    ``MetricGroup.update(preds=..., target=...)`` offers the same tensors to
-    every segmentation member: Dice, GeneralizedDiceScore and MeanIoU on one
-    configuration then share ONE counting pass over the pixels (the expensive
-    part; the per-metric arithmetic is on ``[N, C]``). Weak references: a
-    batch is never kept alive by the memo; an in-place change of an input
-    (``_version``) or a new tensor misses.
-    """
-
-    def __init__(self):
-        self._key, self._refs, self._counts = None, None, None
-
-    def get(self, preds, target, key):
-        refs = self._refs
-        if (refs is not None and self._key == key and refs[0]() is preds and refs[1]() is target
-                and refs[2] == preds._version and refs[3] == target._version):
-            return self._counts
-        return None
-
-    def put(self, preds, target, key, counts):
-        self._key, self._counts = key, counts
-        self._refs = (weakref.ref(preds), weakref.ref(target), preds._version, target._version)
-
-
-_memo = _CountsMemo()
+#: one counting pass per group update for members of one configuration (d9d_kernels/metrics/_memo.py)
+_memo = LastInputs()
 
 
 class _Segmentation(Metric):
@@ -178,11 +152,11 @@ class _Segmentation(Metric):
         A.check_preds_target(self._label, preds, target)
         ignore = getattr(self, "ignore_index", None)
         key = (self.num_classes, self.input_format, self.include_background, ignore)
-        counts = _memo.get(preds, target, key)
+        counts = _memo.get((preds, target), key)
         if counts is None:
             counts = segmentation_counts(self._label, preds, target, self.num_classes, self.input_format,
                                          self.include_background, ignore)
-            _memo.put(preds, target, key, counts)
+            _memo.put((preds, target), key, counts)
         K = counts[0].shape[1]
         expect = None if self.num_classes is None else self._out_classes()
         A.check(expect is None or K == expect, self._label, "num_classes", f"expects {expect} classes, got {K}")

@@ -129,3 +129,22 @@ def test_nan_strategy():
     err.update(preds, target)
     with pytest.raises(ValueError, match="1 invalid"):
         err.compute()
+
+
+def test_norms_in_a_group_bin_once(monkeypatch):
+    from d9d_kernels.metrics.calibration import CalibrationError as CE
+
+    calls = []
+    real = CE._binned
+    monkeypatch.setattr(CE, "_binned", lambda self, *a: calls.append(1) or real(self, *a))
+    g = dk.MetricGroup({n: dk.CalibrationError(task="multiclass", num_classes=3, norm=n) for n in ("l1", "l2", "max")})
+    preds, target = torch.randn(20, 3, dtype=torch.float64), torch.randint(0, 3, (20,))
+    for _ in range(2):
+        g.update(preds=preds.clone(), target=target.clone())
+    assert len(calls) == 2  # once per group update
+    out = g.compute()
+    for n in ("l1", "l2", "max"):
+        ref = _tm("multiclass", 15, n, 3)
+        quiet(ref.update, preds, target)
+        quiet(ref.update, preds, target)
+        np.testing.assert_allclose(out[n].item(), float(quiet(ref.compute)), rtol=1e-5, atol=1e-6)
