@@ -5,8 +5,9 @@ every member. Members whose state differs but whose expensive pass over the
 inputs is the same (Dice / GeneralizedDiceScore / MeanIoU counting pixels;
 CalibrationError's l1 / l2 / max binning the same confidences) look the
 pass up here, so a group runs it once per update. Weak references: a batch
-is never kept alive by the memo; a new tensor or an in-place change of an
-input (``_version``) misses.
+is never kept alive by the memo, and the value is dropped when an input
+dies (it may be as large as the batch); a new tensor or an in-place change
+of an input (``_version``) misses.
 """
 
 from __future__ import annotations
@@ -14,10 +15,6 @@ from __future__ import annotations
 import weakref
 
 __all__ = ["LastInputs"]
-
-
-def _ref(t):
-    return None if t is None else (weakref.ref(t), t._version)
 
 
 def _same(ref, t) -> bool:
@@ -41,4 +38,9 @@ class LastInputs:
         return None
 
     def put(self, tensors: tuple, key, value) -> None:
-        self._key, self._refs, self._value = key, tuple(_ref(t) for t in tensors), value
+        self._key, self._value = key, value
+        self._refs = tuple(None if t is None else (weakref.ref(t, self._drop), t._version) for t in tensors)
+
+    def _drop(self, dead) -> None:
+        if any(r is not None and r[0] is dead for r in self._refs):
+            self._key, self._refs, self._value = None, (), None

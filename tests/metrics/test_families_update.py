@@ -90,3 +90,26 @@ def test_docstring_examples_run():
         module = importlib.import_module(f"d9d_kernels.metrics.{name}")
         result = doctest.testmod(module, raise_on_error=False)
         assert result.attempted > 0 and result.failed == 0, (name, result)
+
+
+def test_last_inputs_memo_hits_misses_and_never_keeps_a_batch_alive():
+    import gc
+    import weakref
+
+    from d9d_kernels.metrics._memo import LastInputs
+
+    memo = LastInputs()
+    a, b = torch.ones(3), torch.ones(2)
+    value = torch.zeros(4)
+    memo.put((a, b, None), "k", value)
+    assert memo.get((a, b, None), "k") is value
+    assert memo.get((a, b, None), "other key") is None
+    assert memo.get((a.clone(), b, None), "k") is None  # another tensor
+    assert memo.get((a, b, torch.ones(1)), "k") is None  # None vs a tensor
+    a.add_(1)  # in-place change of an input
+    assert memo.get((a, b, None), "k") is None
+    memo.put((a, b, None), "k", value)
+    seen = weakref.ref(value)
+    del a, value
+    gc.collect()
+    assert seen() is None  # the input died: the memo dropped its (possibly batch-sized) value
