@@ -23,6 +23,8 @@ with the count (torchmetrics' ``one_hot`` raises at update).
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from d9d_kernels.core.metric import Metric
@@ -82,11 +84,12 @@ def segmentation_counts(metric: str, preds, target, num_classes: int | None, inp
         A.check(not t_hot, metric, "ignore_index", "needs index targets (input_format='index' or 'mixed' with "
                 "index target)")
     N = ps[0]
+    S = math.prod(ps[2:] if p_hot else ps[1:])  # pixels per sample (explicit: N may be 0)
 
     def as_index(t, hot):
         if hot and t.is_floating_point():  # scores: argmax over classes, as torchmetrics' _format_logits
-            return t.argmax(dim=1).reshape(N, -1)
-        return None if hot else t.reshape(N, -1)
+            return t.argmax(dim=1).reshape(N, S)
+        return None if hot else t.reshape(N, S)
 
     pi, ti = as_index(preds, p_hot), as_index(target, t_hot)
     keep, bad = None, torch.zeros(1, dtype=torch.float64, device=preds.device)
@@ -114,8 +117,8 @@ def segmentation_counts(metric: str, preds, target, num_classes: int | None, inp
         out[2].index_add_(0, tidx, w)
         inter, psum, tsum = out.reshape(3, N, C).unbind(0)
     else:
-        ph = _hot(pi if pi is not None else preds.reshape(N, C, -1), C, keep)
-        th = _hot(ti if ti is not None else target.reshape(N, C, -1), C, keep)
+        ph = _hot(pi if pi is not None else preds.reshape(N, C, S), C, keep)
+        th = _hot(ti if ti is not None else target.reshape(N, C, S), C, keep)
         if keep is not None:  # ignored pixels leave the hot side too
             ph, th = ph * keep[:, None, :], th * keep[:, None, :]
         inter, psum, tsum = (ph * th).sum(-1), ph.sum(-1), th.sum(-1)
@@ -242,7 +245,7 @@ class Dice(_Segmentation):
     def _add(self, inter, psum, tsum):
         num, den = 2.0 * inter, psum + tsum
         self.glob += torch.stack([num.sum(0), den.sum(0), tsum.sum(0)])
-        v = _dice_average(num, den, tsum, self.average).reshape(num.shape[0], -1)
+        v = _dice_average(num, den, tsum, self.average).reshape(num.shape[0], self.samp.shape[1])
         self.samp += torch.stack([torch.nansum(v, 0), (~v.isnan()).sum(0).to(torch.float64)])
 
     def _compute(self, state):
@@ -294,6 +297,8 @@ class GeneralizedDiceScore(_Segmentation):
 
     def _add(self, inter, psum, tsum):
         N, K = tsum.shape
+        if N == 0:  # an empty batch (shape: no host read) adds nothing; max over no samples is undefined
+            return
         if self.weight_type == "simple":
             w = 1.0 / tsum
         elif self.weight_type == "linear":

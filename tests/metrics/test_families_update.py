@@ -113,3 +113,24 @@ def test_last_inputs_memo_hits_misses_and_never_keeps_a_batch_alive():
     del a, value
     gc.collect()
     assert seen() is None  # the input died: the memo dropped its (possibly batch-sized) value
+
+
+def test_empty_batches_add_nothing():
+    """Zero-sample batches (shapes only) are accepted and leave the value as
+    before: NaN with no data for the means (torchmetrics' 0/0), 0 for sums."""
+    empty_seg = torch.zeros(0, 4, 4, dtype=torch.long)
+    cases = [
+        (dk.CalibrationError(task="multiclass", num_classes=3), (torch.zeros(0, 3), torch.zeros(0, dtype=torch.long))),
+        (dk.Dice(num_classes=3, input_format="index"), (empty_seg, empty_seg)),
+        (dk.Dice(num_classes=3, average="none"), (torch.zeros(0, 3, 4, 4), torch.zeros(0, 3, 4, 4, dtype=torch.long))),
+        (dk.GeneralizedDiceScore(num_classes=3, input_format="index"), (empty_seg, empty_seg)),
+        (dk.MeanIoU(num_classes=3, input_format="index"), (empty_seg, empty_seg)),
+        (dk.KLDivergence(), (torch.zeros(0, 3), torch.zeros(0, 3))),
+        (dk.MeanAbsolutePercentageError(), (torch.zeros(0), torch.zeros(0))),
+    ]
+    for m, inputs in cases:
+        m.update(*inputs)
+        assert torch.isnan(m.compute()).all(), type(m).__name__
+    cos = dk.CosineSimilarity()  # reduction="sum": an empty sum
+    cos.update(torch.zeros(0, 3), torch.zeros(0, 3))
+    assert cos.compute().item() == 0.0
