@@ -24,6 +24,13 @@ __all__ = ["RunningMean"]
 _NAN = {"warn": "ignore", "ignore": "ignore", "error": "error", "disable": "propagate", "propagate": "propagate"}
 
 
+def _float64(x, device) -> torch.Tensor:
+    """A tensor in float64; a number by a fill kernel on ``device`` (no host->device copy)."""
+    if isinstance(x, torch.Tensor):
+        return x.to(torch.float64)
+    return torch.full((), float(x), dtype=torch.float64, device=device)
+
+
 class RunningMean(Metric):
     """Mean of the values of the last ``window`` updates, weighted like
     ``MeanMetric`` (``update(value, weight=1.0)``).
@@ -75,10 +82,7 @@ class RunningMean(Metric):
         super().update(value=value, weight=weight)
 
     def _update(self, value, weight=1.0):
-        dev = self.ring.device
-        # numbers by a fill kernel on the device: no host->device copy
-        v = value.to(torch.float64) if isinstance(value, torch.Tensor) else torch.full((), float(value), dtype=torch.float64, device=dev)
-        w = weight.to(torch.float64) if isinstance(weight, torch.Tensor) else torch.full((), float(weight), dtype=torch.float64, device=dev)
+        v, w = _float64(value, self.ring.device), _float64(weight, self.ring.device)
         v, w = torch.broadcast_tensors(v, w)
         nan = torch.isnan(v) | torch.isnan(w)
         if self.nan_strategy == "error":
