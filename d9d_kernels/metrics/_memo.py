@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import weakref
 
+import torch
+
 __all__ = ["LastInputs"]
 
 
@@ -31,6 +33,9 @@ class LastInputs:
         self._key, self._refs, self._value = None, (), None
 
     def get(self, tensors: tuple, key):
+        # traced code (torch.compile) cannot guard on _version / object identity: no memo there
+        if torch.compiler.is_compiling():
+            return None
         if self._key != key or len(self._refs) != len(tensors):
             return None
         if all(_same(r, t) for r, t in zip(self._refs, tensors)):
@@ -38,6 +43,8 @@ class LastInputs:
         return None
 
     def put(self, tensors: tuple, key, value) -> None:
+        if torch.compiler.is_compiling():
+            return
         self._key, self._value = key, value
         self._refs = tuple(None if t is None else (weakref.ref(t, self._drop), t._version) for t in tensors)
 

@@ -134,3 +134,15 @@ def test_empty_batches_add_nothing():
     cos = dk.CosineSimilarity()  # reduction="sum": an empty sum
     cos.update(torch.zeros(0, 3), torch.zeros(0, 3))
     assert cos.compute().item() == 0.0
+
+
+@pytest.mark.parametrize("name, make, inputs", CASES, ids=[c[0] for c in CASES])
+def test_update_runs_under_torch_compile_fullgraph(name, make, inputs):
+    """fullgraph=True: a host read or a data-dependent shape fails (aot_eager:
+    dynamo + fake-tensor tracing without codegen, to keep the test short);
+    compiled results equal eager ones."""
+    torch._dynamo.reset()
+    m, e = make(), make()
+    torch.compile(lambda *a: m.update(*a), fullgraph=True, backend="aot_eager")(*inputs)
+    e.update(*inputs)
+    torch.testing.assert_close(m.compute(), e.compute(), equal_nan=True)
