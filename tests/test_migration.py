@@ -239,3 +239,24 @@ def test_catalogue_exports_every_new_name():
     for n in ("CalibrationError", "Dice", "DiceScore", "GeneralizedDiceScore", "MeanIoU", "KLDivergence",
               "CosineSimilarity", "MeanAbsolutePercentageError", "SymmetricMeanAbsolutePercentageError", "RunningMean"):
         assert getattr(dk, n) is getattr(catalogue, n)
+
+
+def test_documented_differences_hold():
+    """The measured examples of docs/metrics.md's difference table: if either
+    library changes, this fails and the table must be updated."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        scores, target = torch.tensor([[0.3, 0.3, 0.3, 0.1]]), torch.tensor([2])
+        ours = dk.Accuracy(task="multiclass", num_classes=4, top_k=2)
+        ours.update(scores, target)
+        theirs = tm.classification.MulticlassAccuracy(num_classes=4, top_k=2, average="micro")
+        assert ours.compute().item() == 0.0 and theirs(scores, target).item() == 1.0  # top-k tie rule
+        ones = torch.tensor([1, 1, 1])
+        mcc = dk.MatthewsCorrCoef(task="binary")
+        mcc.update(ones, ones)
+        assert mcc.compute().item() == 0.0 and tm.classification.BinaryMatthewsCorrCoef()(ones, ones).item() == 1.0
+        assert dk.MeanSquaredError().compute().item() == 0.0 and torch.isnan(tm.MeanSquaredError().compute())
+        with pytest.raises(ValueError, match=r"KLDivergence.*'reduction'"):
+            dk.KLDivergence(reduction="none")
+        with pytest.raises(ValueError, match=r"MeanIoU.*'num_classes'"):
+            dk.MeanIoU(per_class=True)
