@@ -49,11 +49,14 @@ def _hot(t: torch.Tensor, C: int, keep: torch.Tensor | None) -> torch.Tensor:
 
 
 def segmentation_counts(metric: str, preds, target, num_classes: int | None, input_format: str,
-                        include_background: bool, ignore_index: int | None = None):
-    """Per-sample, per-class ``(intersection, pred_sum, target_sum, bad)``.
+                        include_background: bool, ignore_index: int | None = None, mask=None):
+    """Per-sample, per-class ``(intersection, pred_sum, target_sum, bad, present)``.
 
     Returns float64 ``[N, C']`` tensors (``C' = C - 1`` without background when
-    ``C > 1``) and the float64 ``[1]`` count of out-of-range index pixels.
+    ``C > 1``), the float64 ``[1]`` count of out-of-range index pixels and
+    ``present`` bool ``[N]``: the samples that count (with ``mask``: those with
+    a kept pixel; else all).
+    ``mask``: bool, broadcastable to the pixel grid ``[N, d1, ...]``.
     Shapes are checked here (metadata only); values never leave the device.
     """
     ps, ts = tuple(preds.shape), tuple(target.shape)
@@ -84,7 +87,9 @@ def segmentation_counts(metric: str, preds, target, num_classes: int | None, inp
         A.check(not t_hot, metric, "ignore_index", "needs index targets (input_format='index' or 'mixed' with "
                 "index target)")
     N = ps[0]
-    S = math.prod(ps[2:] if p_hot else ps[1:])  # pixels per sample (explicit: N may be 0)
+    grid = (N, *(ps[2:] if p_hot else ps[1:]))
+    S = math.prod(grid[1:])  # pixels per sample (explicit: N may be 0)
+    A.check_mask(metric, mask, grid)
 
     def as_index(t, hot):
         if hot and t.is_floating_point():  # scores: argmax over classes, as torchmetrics' _format_logits
@@ -92,11 +97,14 @@ def segmentation_counts(metric: str, preds, target, num_classes: int | None, inp
         return None if hot else t.reshape(N, S)
 
     pi, ti = as_index(preds, p_hot), as_index(target, t_hot)
-    keep, bad = None, torch.zeros(1, dtype=torch.float64, device=preds.device)
+    bad = torch.zeros(1, dtype=torch.float64, device=preds.device)
+    keep = None if mask is None else torch.broadcast_to(mask, grid).reshape(N, S)
+    present = (torch.ones(N, dtype=torch.bool, device=preds.device) if keep is None else keep.any(1))
     if ti is not None:
-        keep = torch.ones_like(ti, dtype=torch.bool)
+        if keep is None:
+            keep = torch.ones_like(ti, dtype=torch.bool)
         if ignore_index is not None:
-            keep = ti != ignore_index
+            keep = keep & (ti != ignore_index)
         t_ok = (ti >= 0) & (ti < C)
         bad = bad + (keep & ~t_ok).sum()
         keep = keep & t_ok
@@ -119,12 +127,12 @@ def segmentation_counts(metric: str, preds, target, num_classes: int | None, inp
     else:
         ph = _hot(pi if pi is not None else preds.reshape(N, C, S), C, keep)
         th = _hot(ti if ti is not None else target.reshape(N, C, S), C, keep)
-        if keep is not None:  # ignored pixels leave the hot side too
+        if keep is not None:  # ignored / masked pixels leave the hot side too
             ph, th = ph * keep[:, None, :], th * keep[:, None, :]
         inter, psum, tsum = (ph * th).sum(-1), ph.sum(-1), th.sum(-1)
     if not include_background and C > 1:
         inter, psum, tsum = inter[:, 1:], psum[:, 1:], tsum[:, 1:]
-    return inter, psum, tsum, bad.reshape(1)
+    return inter, psum, tsum, bad.reshape(1), present
 
 
 #: one counting pass per group update for members of one configuration (d9d_kernels/metrics/_memo.py)
@@ -150,25 +158,30 @@ class _Segmentation(Metric):
         C = self.num_classes
         return C - 1 if not self.include_background and C > 1 else C
 
-    def update(self, preds: torch.Tensor, target: torch.Tensor) -> None:
-        """Adds a batch of samples (device-local, no host sync)."""
+    def update(self, preds: torch.Tensor, target: torch.Tensor, mask: torch.Tensor | None = None) -> None:
+        """Adds a batch of samples (device-local, no host sync).
+
+        ``mask``: bool, broadcastable to the pixel grid ``[N, d1, ...]``; False
+        pixels leave both preds and target, and a sample without a kept pixel
+        is no sample (e.g. ``[N, 1, 1]`` for padding duplicated by a
+        DistributedSampler). Not in torchmetrics."""
         A.check_preds_target(self._label, preds, target)
         ignore = getattr(self, "ignore_index", None)
         key = (self.num_classes, self.input_format, self.include_background, ignore)
-        counts = _memo.get((preds, target), key)
+        counts = _memo.get((preds, target, mask), key)
         if counts is None:
             counts = segmentation_counts(self._label, preds, target, self.num_classes, self.input_format,
-                                         self.include_background, ignore)
-            _memo.put((preds, target), key, counts)
+                                         self.include_background, ignore, mask)
+            _memo.put((preds, target, mask), key, counts)
         K = counts[0].shape[1]
         expect = None if self.num_classes is None else self._out_classes()
         A.check(expect is None or K == expect, self._label, "num_classes", f"expects {expect} classes, got {K}")
         super().update(counts=counts)
 
     def _update(self, counts):
-        inter, psum, tsum, bad = counts
+        inter, psum, tsum, bad, present = counts
         self.bad += bad
-        self._add(inter, psum, tsum)
+        self._add(inter, psum, tsum, present)
 
     def _raise_on_bad(self) -> bool:
         return True
@@ -242,7 +255,7 @@ class Dice(_Segmentation):
         return (f"{type(self).__name__}(num_classes={self.num_classes}, average={self.average!r}, "
                 f"aggregation_level={self.aggregation_level!r}, input_format={self.input_format!r})")
 
-    def _add(self, inter, psum, tsum):
+    def _add(self, inter, psum, tsum, present):
         num, den = 2.0 * inter, psum + tsum
         self.glob += torch.stack([num.sum(0), den.sum(0), tsum.sum(0)])
         v = _dice_average(num, den, tsum, self.average).reshape(num.shape[0], self.samp.shape[1])
@@ -295,7 +308,7 @@ class GeneralizedDiceScore(_Segmentation):
         return (f"GeneralizedDiceScore(num_classes={self.num_classes}, per_class={self.per_class}, "
                 f"weight_type={self.weight_type!r}, input_format={self.input_format!r})")
 
-    def _add(self, inter, psum, tsum):
+    def _add(self, inter, psum, tsum, present):
         N, K = tsum.shape
         if N == 0:  # an empty batch (shape: no host read) adds nothing; max over no samples is undefined
             return
@@ -307,14 +320,20 @@ class GeneralizedDiceScore(_Segmentation):
             w = 1.0 / (tsum * tsum)
         inf = torch.isinf(w)
         w = torch.where(inf, torch.zeros_like(w), w)
-        # torchmetrics: w_max = max(w, 0).repeat(N, 1).T.flatten(), indexed like the [N, K] flat weights
-        w_max = w.max(0).values.repeat(N, 1).T.reshape(N, K)
+        # torchmetrics: w_max = max(w, 0).repeat(N, 1).T.flatten(), indexed like the [N, K] flat
+        # weights: entry (n, c) takes the max of class (n·K + c) // N. Over the present samples
+        # only (rank r among them, their count M), so masked padding changes nothing; device ops.
+        maxes = w.max(0).values
+        rank = torch.cumsum(present.to(torch.int64), 0) - 1
+        M = present.sum().clamp(min=1)
+        flat = rank[:, None] * K + torch.arange(K, device=w.device)[None, :]
+        w_max = maxes[torch.div(flat, M, rounding_mode="floor").clamp(0, K - 1)]
         w = torch.where(inf, w_max, w)
         num, den = 2.0 * inter * w, (psum + tsum) * w
         if not self.per_class:
             num, den = num.sum(1), den.sum(1)
         self.score += _safe_divide(num, den, 0.0).sum(0).reshape(-1)
-        self.samples += N
+        self.samples += present.sum(dtype=torch.float64).reshape(1)
 
     def _compute(self, state):
         out = state["score"] / state["samples"]
@@ -365,15 +384,16 @@ class MeanIoU(_Segmentation):
         return (f"MeanIoU(num_classes={self.num_classes}, per_class={self.per_class}, "
                 f"input_format={self.input_format!r}, ignore_index={self.ignore_index})")
 
-    def update(self, preds: torch.Tensor, target: torch.Tensor) -> None:
-        """Adds a batch of samples; index-format ``[H, W]`` / ``[L]`` inputs are
-        one sample (torchmetrics' ``_mean_iou_reshape_args``)."""
+    def update(self, preds: torch.Tensor, target: torch.Tensor, mask: torch.Tensor | None = None) -> None:
+        """Adds a batch of samples (``mask`` as for Dice); index-format
+        ``[H, W]`` / ``[L]`` inputs are one sample (torchmetrics'
+        ``_mean_iou_reshape_args``)."""
         if self.input_format != "one-hot":
             A.check_preds_target(self._label, preds, target)
             preds, target = _one_sample(preds), _one_sample(target)
-        super().update(preds, target)
+        super().update(preds, target, mask)
 
-    def _add(self, inter, psum, tsum):
+    def _add(self, inter, psum, tsum, present):
         union = psum + tsum - inter
         valid = union > 0
         iou = _safe_divide(inter, union, 0.0) * valid

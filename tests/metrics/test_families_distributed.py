@@ -60,10 +60,8 @@ def _feed(ms, lo, hi, pad):
         reg.update(preds=x[i], target=y[i], mask=m)
         rows["kl"].update(rows_p[i], rows_q[i], mask=m)
         rows["cos"].update(rows_p[i], rows_q[i], mask=m)
-    seg_i = torch.arange(lo, hi)  # no mask argument: shards only
-    for part in torch.tensor_split(seg_i, 2):
-        seg.update(preds=seg_p[part], target=seg_t[part].clamp(max=C - 1))
-        void_iou.update(seg_p[part], seg_t[part])
+        seg.update(preds=seg_p[i], target=seg_t[i].clamp(max=C - 1), mask=m[:, None, None])  # per-sample mask
+        void_iou.update(seg_p[i], seg_t[i], mask=m[:, None, None])
 
 
 def _results(ms):

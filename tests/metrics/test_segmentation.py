@@ -187,3 +187,46 @@ def test_group_members_share_one_counting_pass(monkeypatch):
         m.update(p, t0)
         m.update(p, t)
         torch.testing.assert_close(g[k].compute(), m.compute())
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("which", ["dice", "dice_global", "gds", "gds_per_class", "miou"])
+def test_masked_padding_samples_equal_torchmetrics_on_the_real_ones(fmt, which):
+    """DistributedSampler-style padding: duplicated samples masked out with a
+    per-sample mask [N, 1, 1] leave the value of the real samples unchanged
+    (GDS's infinite-weight layout included)."""
+    rng = np.random.default_rng(len(fmt) + len(which))
+    f = _fmt_arg(fmt)
+    make = {
+        "dice": lambda m: m.Dice(num_classes=C, input_format=f) if m is dk else m.DiceScore(num_classes=C, input_format=f),
+        "dice_global": lambda m: getattr(m, "Dice" if m is dk else "DiceScore")(
+            num_classes=C, input_format=f, aggregation_level="global", average="none"),
+        "gds": lambda m: m.GeneralizedDiceScore(num_classes=C, input_format=f),
+        "gds_per_class": lambda m: m.GeneralizedDiceScore(num_classes=C, input_format=f, per_class=True,
+                                                          weight_type="simple"),
+        "miou": lambda m: m.MeanIoU(num_classes=C, input_format=f, per_class=True),
+    }[which]
+    ours, ref = make(dk), quiet(make, tms)
+    for _ in range(2):
+        preds, target = _batch(rng, fmt, n=5)
+        pad = torch.tensor([0, 1])  # two real samples duplicated as padding
+        p2, t2 = torch.cat([preds, preds[pad]]), torch.cat([target, target[pad]])
+        keep = torch.arange(7) < 5
+        ours.update(p2, t2, mask=keep[:, None, None])
+        quiet(ref.update, preds, target)
+    np.testing.assert_allclose(ours.compute().numpy().reshape(-1), quiet(ref.compute).double().numpy().reshape(-1),
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_pixel_mask_equals_ignored_void_pixels():
+    """A pixel mask drops those pixels from preds and target: the same numbers
+    as ignore_index on the masked pixels (checked against numpy there)."""
+    rng = np.random.default_rng(9)
+    by_mask = dk.MeanIoU(num_classes=C, input_format="index", per_class=True)
+    by_void = dk.MeanIoU(num_classes=C, input_format="index", per_class=True, ignore_index=255)
+    for _ in range(3):
+        p, t = torch.tensor(rng.integers(0, C, (2, 8, 8))), torch.tensor(rng.integers(0, C, (2, 8, 8)))
+        void = torch.tensor(rng.random((2, 8, 8)) < 0.3)
+        by_mask.update(p, t, mask=~void)
+        by_void.update(p, torch.where(void, 255, t))
+    torch.testing.assert_close(by_mask.compute(), by_void.compute(), rtol=0, atol=0)
