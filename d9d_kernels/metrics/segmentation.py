@@ -40,12 +40,12 @@ def _safe_divide(num, den, zero_division: float):
     return torch.where(den != 0, num / den, torch.full((), zero_division, dtype=num.dtype, device=num.device))
 
 
-def _hot(t: torch.Tensor, C: int, keep: torch.Tensor | None) -> torch.Tensor:
-    """``[N, C, S]`` float64 from index ``[N, S]`` (``keep`` zeroes pixels) or a hot tensor."""
+def _hot(t: torch.Tensor, C: int) -> torch.Tensor:
+    """``[N, C, S]`` from index ``[N, S]`` (bool: 1 byte a pixel and class, where
+    ``one_hot`` would take 8) or a hot tensor as it is (its own dtype)."""
     if t.dim() == 2:
-        h = torch.nn.functional.one_hot(t.clamp(0, C - 1), C).movedim(-1, 1).to(torch.float64)
-        return h if keep is None else h * keep[:, None, :]
-    return t.to(torch.float64)
+        return t[:, None, :] == torch.arange(C, device=t.device)[None, :, None]
+    return t
 
 
 def segmentation_counts(metric: str, preds, target, num_classes: int | None, input_format: str,
@@ -125,11 +125,12 @@ def segmentation_counts(metric: str, preds, target, num_classes: int | None, inp
         out[2].index_add_(0, tidx, w)
         inter, psum, tsum = out.reshape(3, N, C).unbind(0)
     else:
-        ph = _hot(pi if pi is not None else preds.reshape(N, C, S), C, keep)
-        th = _hot(ti if ti is not None else target.reshape(N, C, S), C, keep)
-        if keep is not None:  # ignored / masked pixels leave the hot side too
+        ph = _hot(pi if pi is not None else preds.reshape(N, C, S), C)
+        th = _hot(ti if ti is not None else target.reshape(N, C, S), C)
+        if keep is not None:  # ignored / masked pixels leave both sides
             ph, th = ph * keep[:, None, :], th * keep[:, None, :]
-        inter, psum, tsum = (ph * th).sum(-1), ph.sum(-1), th.sum(-1)
+        f64 = torch.float64  # sums in float64 whatever the hot dtype (bool, uint8, int64)
+        inter, psum, tsum = (ph * th).sum(-1, dtype=f64), ph.sum(-1, dtype=f64), th.sum(-1, dtype=f64)
     if not include_background and C > 1:
         inter, psum, tsum = inter[:, 1:], psum[:, 1:], tsum[:, 1:]
     return inter, psum, tsum, bad.reshape(1), present

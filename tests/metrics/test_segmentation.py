@@ -34,6 +34,8 @@ def _batch(rng, fmt, n=3, hw=(5, 6), absent=True):
         return p, hot(t)
     if fmt == "scores":  # float one-hot: argmax over dim 1
         return torch.tensor(rng.normal(0, 1, size=(n, C, *hw))), hot(t)
+    if fmt == "bool":
+        return hot(p).bool(), hot(t).bool()
     if fmt == "multihot":  # independent 0/1 channels, as torchmetrics' docstrings use
         return torch.tensor(rng.integers(0, 2, size=(n, C, *hw))), torch.tensor(rng.integers(0, 2, size=(n, C, *hw)))
     return hot(p), hot(t)
@@ -43,7 +45,7 @@ def _fmt_arg(fmt):
     return {"index": "index", "mixed": "mixed", "mixed_t": "mixed"}.get(fmt, "one-hot")
 
 
-FORMATS = ["one-hot", "multihot", "scores", "index", "mixed", "mixed_t"]
+FORMATS = ["one-hot", "bool", "multihot", "scores", "index", "mixed", "mixed_t"]
 
 
 def _run(ours, ref, rng, fmt, updates=3):
