@@ -146,17 +146,16 @@ class CalibrationError(Metric):
         if self.task == "binary":
             p = preds.reshape(-1)
             in_range = (t == 0) | (t == 1)
-            finite = torch.isfinite(p)
         else:
             C = self.num_classes
             p = preds.movedim(1, -1).reshape(-1, C)
             in_range = (t >= 0) & (t < C)
-            finite = torch.isfinite(p).all(-1)
         bad = bad + (keep & ~in_range).sum()
         keep = keep & in_range
-        if self.nan_strategy == "error":
-            bad = bad + (keep & ~finite).sum()
-        if self.nan_strategy != "propagate":
+        if self.nan_strategy != "propagate":  # an extra read of the scores: only when asked for
+            finite = torch.isfinite(p) if self.task == "binary" else torch.isfinite(p).all(-1)
+            if self.nan_strategy == "error":
+                bad = bad + (keep & ~finite).sum()
             # left out before the logits decision: the batch reads as torchmetrics reads its finite rows
             keep = keep & finite
         if self.task == "binary":
