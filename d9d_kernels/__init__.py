@@ -27,6 +27,8 @@ _NAMES = {
             "MatthewsCorrCoef", "CohenKappa", "ConfusionMatrix", "AUROC", "AveragePrecision",
             "MeanSquaredError", "MeanAbsoluteError", "R2Score", "PearsonCorrCoef", "ExplainedVariance",
             "Perplexity",
+            "CalibrationError", "Dice", "DiceScore", "GeneralizedDiceScore", "MeanIoU", "KLDivergence",
+            "CosineSimilarity", "MeanAbsolutePercentageError", "SymmetricMeanAbsolutePercentageError", "RunningMean",
         )
     },
 }
