@@ -93,6 +93,21 @@ class Plan:
         storage.dirty = True
 
 
+def _checked(update, self, args, kwargs):
+    """The metric's own ``update``; a group member's errors name the member."""
+    try:
+        return update(self, *args, **kwargs)
+    except Exception as e:
+        if self.__dict__.get("_group") is None:
+            raise
+        from d9d_kernels.core.metric import routed_error
+
+        err = routed_error(e, self, None)
+        if err is e:
+            raise
+        raise err from e
+
+
 def planned(update):
     """Wraps a metric's ``update`` with the per-signature plan cache."""
 
@@ -104,16 +119,16 @@ def planned(update):
             return update(self, *args, **kwargs)
         key = input_key(id(self), args, kwargs)
         if key is None:
-            return update(self, *args, **kwargs)
+            return _checked(update, self, args, kwargs)
         plans = storage.plans
         plan = plans.get(key)
         if plan is not None:
             if plan is _UNPLANNED:
-                return update(self, *args, **kwargs)
+                return _checked(update, self, args, kwargs)
             return plan.run(storage, args, kwargs)
         storage.recording = recorded = []
         try:
-            update(self, *args, **kwargs)
+            _checked(update, self, args, kwargs)
         finally:
             storage.recording = None
         if len(plans) < MAX_PLANS:
