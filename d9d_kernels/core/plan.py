@@ -56,10 +56,11 @@ def input_key(owner: int, args: tuple, kwargs: dict) -> tuple | None:
 class Plan:
     """Steps ``(stat index, bound call, kwarg sources)`` of one signature."""
 
-    __slots__ = ("steps",)
+    __slots__ = ("steps", "stats")
 
     def __init__(self, steps):
         self.steps = steps
+        self.stats = tuple(j for j, _, _ in steps)
 
     @staticmethod
     def build(storage, recorded, args: tuple, kwargs: dict) -> "Plan | None":
@@ -85,6 +86,8 @@ class Plan:
         return Plan(tuple(steps)) if steps else None
 
     def run(self, storage, args: tuple, kwargs: dict) -> None:
+        if storage.touched is not None:  # inside a forward: the statistics whose scratch it folds
+            storage.touched.update(self.stats)
         views = storage.local_views
         for j, fn, spec in self.steps:
             kw = {name: (None if by_name is None else kwargs[src] if by_name else args[src])

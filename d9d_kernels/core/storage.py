@@ -219,7 +219,10 @@ class Storage:
         self.recording: list | None = None
         self.scratch: dict[str, torch.Tensor] | None = None  # forward's batch state, allocated at the first forward
         self.scratch_views: list[dict[str, torch.Tensor]] | None = None
+        self.scratch_dirty: tuple = ()  # ranges the last forward wrote (re-filled at the next)
         self.saved_views: list | None = None  # local views while a forward runs on the scratch
+        self.touched: set | None = None  # statistics run during a forward
+        self.fold_cache: dict = {}  # frozenset of statistics -> _fold_ranges
 
     def _filled(self, kind: str) -> torch.Tensor:
         n = self.layout.sizes[kind]
@@ -240,10 +243,13 @@ class Storage:
 
     def run(self, items: list[tuple[int, dict]]) -> None:
         done = set()
+        touched = self.touched
         for j, kwargs in items:
             if j in done:
                 continue
             done.add(j)
+            if touched is not None:
+                touched.add(j)
             self.layout.stats[j].update(self.local_views[j], **kwargs)
             if self.recording is not None:
                 self.recording.append((j, kwargs))
@@ -251,32 +257,38 @@ class Storage:
 
     # -- forward: the batch's state in a scratch copy, then folded in -------------
     def forward_begin(self) -> None:
-        """Points the update at a scratch copy of the buffers, reset (REPLICA
-        slots: the local values, so batch moments share the state's pivots).
+        """Points the update at the scratch copy of the buffers (reset;
+        REPLICA slots: the local values, so batch moments share the state's
+        pivots) and starts recording which statistics the update runs.
 
         The scratch is allocated at the first forward of this storage and
-        reused: a forward allocates nothing for the state."""
+        kept reset between forwards by re-filling only the ranges the last
+        forward wrote: a forward allocates nothing, and a small member's
+        forward never touches a large confusion matrix elsewhere in the group."""
         if self.saved_views is not None:
             raise RuntimeError(f"{self.label}: forward() called while another forward of the same storage runs")
         sc = self.scratch
         if sc is None:
-            sc = self.scratch = {k: torch.empty_like(v) for k, v in self.local.items()}
+            sc = self.scratch = {k: v.clone() for k, v in self.init.items()}
             self.scratch_views = [self.layout.views(sc, j) for j in range(len(self.layout.stats))]
-        sizes, zero = self.layout.sizes, self.layout.zero_init
-        for k in (SUM, MAX):
-            if sizes[k]:
-                if zero[k]:
-                    sc[k].zero_()
-                else:
-                    sc[k].copy_(self.init[k])
-        if sizes[REPLICA]:
+        else:
+            for kind, _, scr, init in self.scratch_dirty:
+                if kind != REPLICA:
+                    if init is None:
+                        scr.zero_()
+                    else:
+                        scr.copy_(init)
+        self.scratch_dirty = ()
+        if self.layout.sizes[REPLICA]:
             sc[REPLICA].copy_(self.local[REPLICA])
+        self.touched = set()
         self.saved_views = self.local_views
         self.local_views = self.scratch_views
 
     def forward_end(self, fold: bool = True) -> list[dict[str, torch.Tensor]]:
-        """Restores the local views and folds the scratch into the local state
-        (SUM added, MAX maxed, REPLICA copied); returns the scratch views.
+        """Restores the local views and folds the scratch ranges of the
+        statistics the update ran into the local state (SUM added, MAX maxed,
+        REPLICA copied); returns the scratch views (the batch's state).
 
         REPLICA: an update only sets *unset* values (a pivot is set from the
         first valid element, then fixed), and a statistic with an unset pivot
@@ -286,20 +298,47 @@ class Storage:
         (the update raised) leaves the state as it was."""
         self.local_views = self.saved_views
         self.saved_views = None
+        ranges = self._fold_ranges(frozenset(self.touched))
+        self.touched = None
+        self.scratch_dirty = ranges
         if not fold:
             return self.scratch_views
-        sc, loc, sizes = self.scratch, self.local, self.layout.sizes
-        if sizes[SUM]:
-            if self.layout.zero_init[SUM]:
-                loc[SUM].add_(sc[SUM])
-            else:  # custom slots with a non-zero reset value: add the batch's part only
-                loc[SUM].add_(sc[SUM] - self.init[SUM])
-        if sizes[MAX]:
-            torch.maximum(loc[MAX], sc[MAX], out=loc[MAX])
-        if sizes[REPLICA]:
-            loc[REPLICA].copy_(sc[REPLICA])
+        for kind, loc, scr, init in ranges:
+            if kind == SUM:
+                loc.add_(scr if init is None else scr - init)  # non-zero reset values: the batch's part only
+            elif kind == MAX:
+                torch.maximum(loc, scr, out=loc)
+            else:
+                loc.copy_(scr)
         self.dirty = True
         return self.scratch_views
+
+    def _fold_ranges(self, js: frozenset) -> tuple:
+        """``(kind, local view, scratch view, reset-value view or None)`` per
+        contiguous range of the statistics ``js`` (a statistic's slots of one
+        kind are adjacent; adjacent statistics merge into one range)."""
+        hit = self.fold_cache.get(js)
+        if hit is not None:
+            return hit
+        out = []
+        for kind in KINDS:
+            spans = []
+            for j in sorted(js):
+                offs = [(o, numel(s.shape)) for s, o in self.layout.placed[j] if s.kind == kind]
+                if offs:
+                    a = min(o for o, _ in offs)
+                    b = max(o + n for o, n in offs)
+                    if spans and spans[-1][1] == a:
+                        spans[-1][1] = b
+                    else:
+                        spans.append([a, b])
+            zero = self.layout.zero_init[kind]
+            for a, b in spans:
+                if b > a:
+                    init = None if zero else self.init[kind][a:b]
+                    out.append((kind, self.local[kind][a:b], self.scratch[kind][a:b], init))
+        hit = self.fold_cache[js] = tuple(out)
+        return hit
 
     # -- merge: another storage's state added into this one ------------------------
     def merge_stat(self, j: int, other: "Storage", jo: int) -> None:
