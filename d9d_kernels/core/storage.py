@@ -269,7 +269,15 @@ class Storage:
             raise RuntimeError(f"{self.label}: forward() called while another forward of the same storage runs")
         sc = self.scratch
         if sc is None:
-            sc = self.scratch = {k: v.clone() for k, v in self.init.items()}
+            try:
+                sc = {k: v.clone() for k, v in self.init.items()}
+            except (MemoryError, torch.OutOfMemoryError, RuntimeError) as e:
+                raise ValueError(
+                    f"{self.label}: forward() needs one more copy of the state ({format_bytes(self.layout.state_bytes())}"
+                    f" of float64) for the batch, and allocating it on {self.device} failed: {e}; use update() and "
+                    "compute() instead"
+                ) from None
+            self.scratch = sc
             self.scratch_views = [self.layout.views(sc, j) for j in range(len(self.layout.stats))]
         else:
             for kind, _, scr, init in self.scratch_dirty:

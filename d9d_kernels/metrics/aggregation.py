@@ -64,17 +64,18 @@ class _Aggregation(Metric):
             )
         return ()
 
-    def _inputs(self, values, weights, mask):
+    def _inputs(self, values, weights, mask, names=("values", "weights")):
         """Checks the inputs; numbers pass through (the statistic fills them
-        on the device), so that an update plan can feed them as they come."""
+        on the device), so that an update plan can feed them as they come.
+        ``names``: the update's own argument names (for messages)."""
         dev = self._storage.device
-        shape = self._check_value("values", values, dev)
+        shape = self._check_value(names[0], values, dev)
         if weights is not None:
-            w_shape = self._check_value("weights", weights, dev)
+            w_shape = self._check_value(names[1], weights, dev)
             if not broadcasts_to(w_shape, shape):
                 raise ValueError(
-                    f"{self._label}.update: argument 'weights' of shape {tuple(w_shape)} does not "
-                    f"broadcast to values {tuple(shape)}"
+                    f"{self._label}.update: argument '{names[1]}' of shape {tuple(w_shape)} does not "
+                    f"broadcast to {names[0]} {tuple(shape)}"
                 )
         if mask is not None:
             if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
@@ -152,7 +153,7 @@ class MeanMetric(WeightedMeanMetric):
 
     def update(self, value, weight=_UNIT_WEIGHT) -> None:
         """Adds ``value`` (number or tensor) with ``weight`` (number or tensor broadcastable to it)."""
-        value, weights, _ = self._inputs(value, None if weight is _UNIT_WEIGHT else weight, None)
+        value, weights, _ = self._inputs(value, None if weight is _UNIT_WEIGHT else weight, None, ("value", "weight"))
         self._feed({"m": {"x": value, "weights": weights, "mask": None}})
 
     def _checked_compute(self, states):
