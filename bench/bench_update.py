@@ -174,6 +174,10 @@ def main_forward(a) -> int:
                 del grp
     harness.write_csv(a.out, rows)
     print(f"{BENCH}: wrote {a.out} ({len(rows)} rows)")
+    if not a.tiny:
+        png = harness.plot(a.out, Path(a.out).with_suffix(".png"), x="N", panels="op",
+                           title="group update vs forward (update + batch values), interleaved")
+        print(f"{BENCH}: wrote {png}")
     return 0
 
 

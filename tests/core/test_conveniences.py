@@ -231,6 +231,8 @@ def test_plot_lines_heat_map_and_given_axes():
     steps = [g(preds=p, target=t) for _ in range(3)]
     _, ax3 = g.plot(steps)
     assert sorted(line.get_label() for line in ax3.lines) == ["a", "f"]
+    _, ax4 = g.plot()  # compute() of a group: one bar per member
+    assert [round(b.get_height(), 12) for b in ax4.patches] == [round(v.item(), 12) for v in g.compute().values()]
     plt.close("all")
 
 
