@@ -337,3 +337,15 @@ def test_forward_on_cuda_has_no_host_sync():
         torch.cuda.set_sync_debug_mode(0)
     ref = tm.Accuracy(**kw).to("cuda")
     _close(g(preds=p, target=t)["acc"], ref(p, t), 1e-6, "cuda batch")
+
+
+def test_forward_after_to_and_custom_member_in_a_group():
+    g = dk.MetricGroup({"rms": _RMS(), "s": dk.SumMetric()})
+    x = torch.tensor([3.0, -4.0])
+    out = g(values=x)
+    assert out["rms"].tolist() == [math.sqrt(12.5), 4.0, 11.0] and out["s"].item() == -1.0
+    g.to("cpu")  # buffers re-allocated: the scratch and its cached ranges too
+    out = g(values=torch.tensor([1.0]))
+    assert out["rms"].tolist() == [1.0, 1.0, 11.0] and out["s"].item() == 1.0
+    total = g.compute()
+    assert total["rms"].tolist() == [math.sqrt(26 / 3), 4.0, 12.0] and total["s"].item() == 0.0
