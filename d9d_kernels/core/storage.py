@@ -270,7 +270,10 @@ class Storage:
         sc = self.scratch
         if sc is None:
             try:
-                sc = {k: v.clone() for k, v in self.init.items()}
+                # normal tensors even inside torch.inference_mode(): a later
+                # forward outside it writes them in place
+                with torch.inference_mode(False):
+                    sc = {k: v.clone() for k, v in self.init.items()}
             except (MemoryError, torch.OutOfMemoryError, RuntimeError) as e:
                 raise ValueError(
                     f"{self.label}: forward() needs one more copy of the state ({format_bytes(self.layout.state_bytes())}"
@@ -278,7 +281,8 @@ class Storage:
                     "compute() instead"
                 ) from None
             self.scratch = sc
-            self.scratch_views = [self.layout.views(sc, j) for j in range(len(self.layout.stats))]
+            with torch.inference_mode(False):
+                self.scratch_views = [self.layout.views(sc, j) for j in range(len(self.layout.stats))]
         else:
             for kind, _, scr, init in self.scratch_dirty:
                 if kind != REPLICA:
@@ -328,6 +332,11 @@ class Storage:
         hit = self.fold_cache.get(js)
         if hit is not None:
             return hit
+        with torch.inference_mode(False):  # cached views: usable in and outside inference mode
+            hit = self.fold_cache[js] = self._make_fold_ranges(js)
+        return hit
+
+    def _make_fold_ranges(self, js: frozenset) -> tuple:
         out = []
         for kind in KINDS:
             spans = []
@@ -345,8 +354,7 @@ class Storage:
                 if b > a:
                     init = None if zero else self.init[kind][a:b]
                     out.append((kind, self.local[kind][a:b], self.scratch[kind][a:b], init))
-        hit = self.fold_cache[js] = tuple(out)
-        return hit
+        return tuple(out)
 
     # -- merge: another storage's state added into this one ------------------------
     def merge_stat(self, j: int, other: "Storage", jo: int) -> None:

@@ -349,3 +349,16 @@ def test_forward_after_to_and_custom_member_in_a_group():
     assert out["rms"].tolist() == [1.0, 1.0, 11.0] and out["s"].item() == 1.0
     total = g.compute()
     assert total["rms"].tolist() == [math.sqrt(26 / 3), 4.0, 12.0] and total["s"].item() == 0.0
+
+
+def test_first_forward_inside_inference_mode_then_outside():
+    """The scratch and its cached views are normal tensors even when the first
+    forward runs under torch.inference_mode() (an eval loop before training)."""
+    g = dk.MetricGroup({"acc": dk.Accuracy(task="multiclass", num_classes=C), "loss": dk.MeanMetric()})
+    ref, ref_loss = tm.Accuracy(task="multiclass", num_classes=C), tm.MeanMetric().set_dtype(torch.float64)
+    for i, (p, t) in enumerate(_batches("multiclass", 13)):
+        ctx = torch.inference_mode() if i % 2 == 0 else torch.enable_grad()
+        with ctx:
+            _close(g(preds=p, target=t)["acc"], ref(p, t), 1e-6, f"acc batch {i}")
+            _close(g["loss"](p.double().mean()), ref_loss(p.double().mean()), 1e-12, f"loss batch {i}")
+    _close(g.compute()["acc"], ref.compute(), 1e-6, "acc total")
