@@ -19,7 +19,7 @@ _NAMES = {
     "DistributedContext": "d9d_kernels.distributed",
     "Metric": "d9d_kernels.core.metric",
     "MetricGroup": "d9d_kernels.core.group",
-    **{n: "d9d_kernels.metrics.aggregation" for n in ("SumMetric", "WeightedMeanMetric", "MaxMetric", "MinMetric")},
+    **{n: "d9d_kernels.metrics.aggregation" for n in ("SumMetric", "WeightedMeanMetric", "MeanMetric", "MaxMetric", "MinMetric")},
     **{
         n: "d9d_kernels.metrics.catalogue"
         for n in (
