@@ -8,7 +8,9 @@ costs several times the kernels. When every step of a plan is a raw op call,
 ``attach`` lowers it to a signature of the owner's ``_C.PlanRunner``: the
 metadata each input must have, and per op its argument stack (state views,
 constants) with the slots that take an input. The planned wrapper then calls
-``runner.run(args, kwargs)`` first: on a match it checks the inputs and
+``runner.run(args, kwargs)`` first (only while the storage's local views are
+the ones it writes: a ``forward`` points the update at a scratch copy and
+takes the Python path): on a match it checks the inputs and
 calls every op through the c10 dispatcher in C++; otherwise (a new
 signature, a changed dtype...) it returns False and the Python path runs as
 before. Both paths make the same op calls on the same tensors, so their
@@ -73,13 +75,13 @@ def _check(v):
     return None if kind is None else (kind,)
 
 
-def _lower(storage, plan, recorded, names: list) -> list | None:
+def _lower(storage, plan, recorded, names: list, views: list) -> list | None:
     """The runner's steps of ``plan``, or None when a step has no ``compile_step``."""
     steps = []
     for (j, _, spec), (_, sample) in zip(plan.steps, recorded):
         stat = storage.layout.stats[j]
         make = getattr(stat, "compile_step", None)
-        step = None if make is None else make(sample, storage.local_views[j])
+        step = None if make is None else make(sample, views[j])
         if step is None:
             return None
         # statistic input -> index of the update input it came from (None: it was None)
@@ -99,7 +101,7 @@ def _lower(storage, plan, recorded, names: list) -> list | None:
                 li = where.get(like[0])
                 if li is None:
                     return None
-            dev = str(next(iter(storage.local_views[j].values())).device)
+            dev = str(next(iter(views[j].values())).device)
             slots.append((pos[arg], SOURCES[source], i, li, dev))
         covered = {p for p, _ in consts} | {s[0] for s in slots}
         for i, a in enumerate(schema.arguments):  # every argument given: the stack has no defaults
@@ -111,17 +113,19 @@ def _lower(storage, plan, recorded, names: list) -> list | None:
 
 def attach(storage, owner: int, plan, recorded: list, args: tuple, kwargs: dict) -> None:
     """Adds ``plan`` (just built from ``recorded`` for this call's signature)
-    to ``owner``'s runner in ``storage.compiled`` when every step lowers."""
+    to ``owner``'s runner in ``storage.compiled`` (``(views, runner)``) when every step lowers."""
     if plan is None or not hasattr(plan, "steps") or torch.compiler.is_compiling() or not enabled():
         return
     names = [None] * len(args) + list(kwargs)  # update input index -> keyword name
     checks = [_check(v) for v in (*args, *kwargs.values())]
     if any(c is None for c in checks) or len(checks) > 16:
         return
-    steps = _lower(storage, plan, recorded, names)
+    # the local state's views, also while a forward points the update at its scratch copy
+    views = storage.saved_views if getattr(storage, "saved_views", None) is not None else storage.local_views
+    steps = _lower(storage, plan, recorded, names, views)
     if steps is None:
         return
-    runner = storage.compiled.get(owner)
-    if runner is None:
-        runner = storage.compiled[owner] = runner_class()()
-    runner.add(len(args), list(kwargs), checks, steps)
+    entry = storage.compiled.get(owner)
+    if entry is None:
+        entry = storage.compiled[owner] = (views, runner_class()())
+    entry[1].add(len(args), list(kwargs), checks, steps)

@@ -30,7 +30,7 @@ from d9d_kernels.core.statistic import MAX, REPLICA, SUM
 from d9d_kernels.metrics.aggregation import MaxMetric, MinMetric, SumMetric, WeightedMeanMetric
 from d9d_kernels.metrics.classification import _Classification
 
-__all__ = ["fused_values", "fused_host_items", "fused_compute_to_host"]
+__all__ = ["fused_values", "fused_compute_to_host"]
 
 _SIMPLE = (int, float, str, bool, type(None))
 _MOMENTS = (SumMetric, WeightedMeanMetric)
@@ -251,7 +251,8 @@ def fused_values(group) -> dict[str, torch.Tensor]:
             ms = plan.checked_fused + [m for m, _ in single]
             order = {id(m): i for i, m in enumerate(group._members.values())}
             for m, v in sorted(zip(ms, counts), key=lambda t: order[id(t[0])]):
-                m._raise_if_bad(v)  # the first bad member (in member order) raises its own message
+                if v != 0:  # the first bad member (in member order) raises its own error, with its causes
+                    m._checked_compute(m._states())
     vals = _values(group, plan, bufs)
     members = group._members
     for name in plan.single:
@@ -259,32 +260,46 @@ def fused_values(group) -> dict[str, torch.Tensor]:
     return {name: vals[name] for name in plan.order}
 
 
-def fused_host_items(group):
-    """``(items, checks)`` as ``MetricGroup._host_items``: every member's value
-    and ``(metric, bad count)`` pairs, checked by ``HostValues.result``."""
-    plan = _plan(group)
-    bufs = _buffers(group)
-    vals = _values(group, plan, bufs)
-    members = group._members
-    for name in plan.single:
-        m = members[name]
-        vals[name] = m._compute_unchecked(m._states())
-    bad = _fused_bad(plan, bufs)
-    checks = []
-    if bad is not None:
+def _cause_names(m) -> list[str]:
+    """The bad-input causes ``Metric._bad_causes`` reports for a family member."""
+    if not isinstance(m, _Classification):
+        return ["nonfinite_inputs"]
+    if m.nan_strategy != "error":
+        return ["target_out_of_range", "nonfinite_preds"]
+    return ["target_out_of_range_or_nonfinite_preds"]
+
+
+def _check_matrix(plan: FusedPlan, device) -> torch.Tensor:
+    """``[R, len(raw)]`` float64: per checked family member, its count then its
+    cause values (``_cause_names``) as +-1 combinations of the gathered
+    bad / non-finite slots (exact: small integer sums in float64)."""
+    key = ("checks", device)
+    M = plan._device_idx.get(key)
+    if M is None:
         K = len(plan.checked_fused)
-        counts = bad[:K]
-        if plan.nf_idx is not None:  # subtract the non-finite counts where a member has one
-            at = [i for i, f in enumerate(plan.nf_idx) if f is not None]
-            counts = counts.index_add(0, torch.tensor(at, device=bad.device), -bad[K:])
-        checks = list(zip(plan.checked_fused, counts.unbind(0)))
-    return [(name, vals[name]) for name in plan.order], checks + _single_bad(plan)
+        nf_at, rows = {}, []
+        for i, f in enumerate(plan.nf_idx or [None] * K):
+            if f is not None:
+                nf_at[i] = K + len(nf_at)
+        width = K + len(nf_at)
+        for i, m in enumerate(plan.checked_fused):
+            bad = [0.0] * width
+            bad[i] = 1.0
+            if i in nf_at:
+                nf = [0.0] * width
+                nf[nf_at[i]] = 1.0
+                count = [b - n for b, n in zip(bad, nf)]
+                rows += [count, count, nf]  # count, target_out_of_range, nonfinite_preds
+            else:
+                rows += [bad, bad]  # count, its one cause
+        M = plan._device_idx[key] = torch.tensor(rows, dtype=torch.float64, device=device)
+    return M
 
 
-def fused_compute_to_host(group):
-    """``MetricGroup.compute_to_host()``: every value and bad count packed by
-    family (one ``cat``, one permutation into member order), then ONE
-    non-blocking device->host copy; a ``HostValues`` as the per-member path gives."""
+def fused_compute_to_host(group, keys: dict):
+    """``MetricGroup.compute_to_host()``: every value packed per family (one
+    ``cat``, one permutation into member order) with the bad-input counts and
+    causes ``HostValues`` checks, then ONE non-blocking device->host copy."""
     from d9d_kernels.core.metric import HostValues
 
     plan = _plan(group)
@@ -310,26 +325,29 @@ def fused_compute_to_host(group):
         seg[name] = (pos, tuple(v.shape))
         pos += v.numel()
         parts.append(v.reshape(-1))
-    checks = []
+    checks, tail = [], 0
     bad = _fused_bad(plan, bufs)
     if bad is not None:
-        K = len(plan.checked_fused)
-        counts = bad[:K]
-        if plan.nf_idx is not None:  # subtract the non-finite counts where a member has one
-            at = [i for i, f in enumerate(plan.nf_idx) if f is not None]
-            counts = counts.index_add(0, torch.tensor(at, device=dev), -bad[K:])
-        parts.append(counts)
-        checks += plan.checked_fused
-    for m, c in _single_bad(plan):
-        parts.append(c.reshape(1).to(torch.float64))
-        checks.append(m)
+        c = _check_matrix(plan, dev) @ bad
+        parts.append(c)
+        tail += c.numel()
+        checks += [(m, _cause_names(m)) for m in plan.checked_fused]
+    for m in plan.checked_single:
+        states = m._states()
+        count = m._bad_count(states)
+        if count is None:
+            continue
+        causes = m._bad_causes(states)
+        parts.append(torch.stack([count.reshape(()), *(t.reshape(()) for t in causes.values())]).to(torch.float64))
+        tail += 1 + len(causes)
+        checks.append((m, list(causes)))
     names = plan.order
     shapes = [seg[n][1] for n in names]
-    key = (dev, tuple(seg[n] for n in names), pos)
+    key = (dev, tuple(seg[n] for n in names), pos, tail)
     perm = plan._device_idx.get(key)
     if perm is None:
         order = [i for n in names for i in range(seg[n][0], seg[n][0] + math.prod(seg[n][1]))]
-        perm = plan._device_idx[key] = torch.tensor(order + list(range(pos, pos + len(checks))),
+        perm = plan._device_idx[key] = torch.tensor(order + list(range(pos, pos + tail)),
                                                     dtype=torch.int64, device=dev)
     packed = torch.cat(parts).index_select(0, perm) if parts else torch.zeros(0, dtype=torch.float64)
     event = None
@@ -340,4 +358,4 @@ def fused_compute_to_host(group):
         event.record()
     else:
         host = packed.to("cpu")
-    return HostValues(host, names, shapes, checks, event, single=False)
+    return HostValues(host, [keys[n] for n in names], shapes, checks, event, single=False)
