@@ -134,3 +134,27 @@ def _synced_world(rank, world):
 def test_fused_compute_reads_the_synced_snapshot():
     outs = run_distributed(_synced_world, 2)
     assert json.dumps(outs[0]) == json.dumps(outs[1])  # NaN-tolerant equality of the synced values
+
+
+@pytest.mark.parametrize("nan_strategy", ["error", "ignore", "propagate"])
+def test_host_errors_and_keys_equal_the_per_member_path(nan_strategy):
+    """compute_to_host() of a group with a bad count raises the member's own
+    error (count and causes); keys carry prefix/postfix."""
+    mc = dict(task="multiclass", num_classes=C, nan_strategy=nan_strategy)
+    g = dk.MetricGroup({"acc": dk.Accuracy(**mc), "f1": dk.F1Score(**mc, average="macro"),
+                        "mean": dk.WeightedMeanMetric(nan_strategy=nan_strategy)}, prefix="val/")
+    odd = float("nan") if nan_strategy != "error" else 0.5  # a NaN score row raises only under "error"
+    g.update(preds=torch.tensor([[0.1, odd, 0, 0, 0, 0], [1.0, 0, 0, 0, 0, 0]]), target=torch.tensor([0, 0]))
+    ok = g.compute_to_host().result()
+    assert set(ok) == {"val/acc", "val/f1", "val/mean"}
+    want = {f"val/{n}": m.compute() for n, m in g.items()}
+    for k, v in ok.items():
+        np.testing.assert_array_equal(np.asarray(v), want[k].numpy(), err_msg=k)
+    g.update(preds=torch.tensor([0, 1]), target=torch.tensor([0, C + 3]))  # out-of-range target
+    with pytest.raises(ValueError) as own:
+        g["acc"].compute()
+    with pytest.raises(ValueError) as host:
+        g.compute_to_host().result()
+    with pytest.raises(ValueError) as fused:
+        g.compute()
+    assert str(host.value) == str(own.value) == str(fused.value)
