@@ -12,8 +12,8 @@ constants) with the slots that take an input. The planned wrapper then calls
 the ones it writes: a ``forward`` points the update at a scratch copy and
 takes the Python path): on a match it checks the inputs and
 calls every op through the c10 dispatcher in C++; otherwise (a new
-signature, a changed dtype...) it returns False and the Python path runs as
-before. Both paths make the same op calls on the same tensors, so their
+signature, a changed dtype...) it returns False and the Python plan path
+runs. Both paths make the same op calls on the same tensors, so their
 states are bit-identical (tests/core/test_compiled.py).
 
 A statistic opts in with ``compile_step(sample, state) -> OpStep | None``

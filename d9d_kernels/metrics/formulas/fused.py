@@ -1,8 +1,8 @@
 """Fused compute: a group's members evaluated per formula family, not one by one.
 
-``MetricGroup.compute()`` used to run every member's ``compute()``: views of
-its statistics, a bad-count read on the host, ~10 small torch ops of its
-formula, ~20 us per member. Here members are sorted once into *families*
+Each member's own ``compute()`` costs views of its statistics, a bad-count
+read on the host and ~10 small torch ops of its formula: per member, so a
+large group's compute grows past its sync. Here members are sorted once into *families*
 whose formulas are the same torch expression on differently placed state
 (every weighted mean; every macro F1 of one configuration...). Per family,
 the state its members read is gathered from the packed buffer with ONE
