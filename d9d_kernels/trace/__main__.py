@@ -37,6 +37,11 @@ def _parse(argv):
                    help=f"comma-separated subset of: {','.join(TOOLS)} (default: all)")
     p.add_argument("--workload-card", default=None, metavar="F",
                    help="workload_card.yaml (batch size, seq len, FLOPs) for tokens/s and MFU")
+    p.add_argument("--steps", default="hta", metavar="all|hta|N:M",
+                   help="step filter for every tool: 'hta' (default: HolisticTraceAnalysis's, GPU work "
+                        "of the last ProfilerStep dropped), 'all', or ProfilerStep numbers N:M inclusive")
+    p.add_argument("--allow-mixed", action="store_true",
+                   help="analyse traces of different jobs in one directory together (refused by default)")
     p.add_argument("--profile-mode", default="auto", choices=("auto", "gpu", "cpu"),
                    help="GPU analysis when the trace has GPU events (auto), or force one")
     p.add_argument("--json", default=None, metavar="F", help="write all results as JSON to F")
@@ -73,7 +78,7 @@ def _clean(x):
     return str(x)
 
 
-def _run_tool(name: str, target, card, mode: str) -> dict:
+def _run_tool(name: str, target, card, mode: str, steps="hta", allow_mixed=False) -> dict:
     from d9d_kernels.trace._load import TraceError
     from d9d_kernels.trace._result import result
 
@@ -82,7 +87,8 @@ def _run_tool(name: str, target, card, mode: str) -> dict:
     except Exception as exc:
         return result(name, errors={f"<tool {name}>": f"cannot import: {type(exc).__name__}: {exc}"})
     try:
-        return mod.metric_cal(target, workload_card_path=card, profile_mode=mode)
+        return mod.metric_cal(target, workload_card_path=card, profile_mode=mode, steps=steps,
+                              allow_mixed=allow_mixed)
     except TraceError as exc:
         return result(name, errors={exc.file: exc.reason})
     except (MemoryError, RecursionError) as exc:
@@ -115,7 +121,7 @@ def missing_ranks(found: list[int], world_sizes: list[int]) -> str | None:
     return f"{len(found)} rank trace(s) found, missing rank(s) {_ranges(gone)} ({basis})"
 
 
-def _preparse(target, card, progress: bool) -> tuple[dict, list]:
+def _preparse(target, card, progress: bool, allow_mixed: bool = False) -> tuple[dict, list]:
     """Parse every rank once (with a progress bar) so the tools reuse the parsed traces.
 
     Returns ``(errors, warnings)``.
@@ -124,7 +130,7 @@ def _preparse(target, card, progress: bool) -> tuple[dict, list]:
     from d9d_kernels.trace._load import TraceError, find_workload, load_ranks
 
     try:
-        wl = find_workload(target, card)
+        wl = find_workload(target, card, allow_mixed=allow_mixed)
     except TraceError as exc:
         return {exc.file: exc.reason}, []
     errors: dict = {}
@@ -136,7 +142,7 @@ def _preparse(target, card, progress: bool) -> tuple[dict, list]:
         warnings.append(w)
     if ranks:
         # seed the shared per-workload cache (same key open_workload computes)
-        key = _common._key(target, card)
+        key = (_common._key(target, card), bool(allow_mixed))
         _common._CACHE.clear()
         _common._CACHE[key] = (wl, ranks, errors)
     return errors, warnings
@@ -164,6 +170,13 @@ def main(argv=None) -> int:
         except TraceError as exc:
             _err(f"{exc.file}: {exc.reason}")
             return 2
+    from d9d_kernels.trace._common import parse_steps
+
+    try:
+        parse_steps(args.steps)
+    except ValueError as exc:
+        _err(f"--steps: {exc}")
+        return 2
     target = args.paths[0] if len(args.paths) == 1 else list(args.paths)
     progress = sys.stderr.isatty() if args.progress is None else args.progress
 
@@ -171,9 +184,25 @@ def main(argv=None) -> int:
     snapshot_only = (isinstance(target, str) and Path(target).is_file()
                      and Path(target).suffix in (".pickle", ".pkl"))
     warnings: list = []
+    if snapshot_only:
+        skipped = [t for t in tools if t != "memory"]
+        tools = ["memory"]
+        if skipped:
+            print(f"note: {target} is a memory snapshot: only the memory tool runs "
+                  f"(skipped: {', '.join(skipped)})", file=sys.stderr)
+    else:
+        from d9d_kernels.trace._load import MixedJobsError, find_workload
+
+        try:
+            find_workload(target, args.workload_card, allow_mixed=args.allow_mixed)
+        except MixedJobsError as exc:  # refused outright: no tool may merge them
+            _err(f"{exc.file}: {exc.reason}")
+            return 1
+        except Exception:  # the tools report unreadable inputs themselves
+            pass
     if not snapshot_only and any(t != "memory" for t in tools):
         try:
-            warnings = _preparse(target, args.workload_card, progress)[1]
+            warnings = _preparse(target, args.workload_card, progress, args.allow_mixed)[1]
         except Exception:  # the tools will report it themselves, one by one
             pass
 
@@ -187,12 +216,8 @@ def main(argv=None) -> int:
         except ImportError:  # pragma: no cover
             bar = None
     for name in tools:
-        if snapshot_only and name != "memory":
-            from d9d_kernels.trace._result import result
-
-            results[name] = result(name, notes=["input is a memory snapshot: no trace to analyse"])
-        else:
-            results[name] = _clean(_run_tool(name, target, args.workload_card, args.profile_mode))
+        results[name] = _clean(_run_tool(name, target, args.workload_card, args.profile_mode,
+                                         args.steps, args.allow_mixed))
         if bar is not None:
             bar.update(1)
     if bar is not None:
@@ -205,6 +230,8 @@ def main(argv=None) -> int:
             all_errors.setdefault(f, why)
     for f, why in all_errors.items():
         _err(f"{f}: {why}")
+    for res in results.values():
+        warnings += [w for w in res.get("warnings") or [] if w not in warnings]
     for w in warnings:
         print(f"warning: {_one_line(w)}", file=sys.stderr)
 

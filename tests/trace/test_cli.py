@@ -18,8 +18,9 @@ import pytest
 
 from d9d_kernels.trace.__main__ import main, missing_ranks
 
-DATA = Path("/work/shared/data")
+from tests.trace._data import DATA  # noqa: E402
 SAMPLED = DATA / "traces" / "hta_sampled_2rank"
+pytestmark = pytest.mark.skipif(not DATA.is_dir(), reason=f"shared test data not found at {DATA}")
 ROOT = Path(__file__).resolve().parents[2]
 
 
