@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 TOOLS = ("throughput", "communication", "memory", "overlap", "training_phases",
-         "fsdp", "straggler", "kernel", "gpu_utilization")
+         "fsdp", "straggler", "kernel", "gpu_utilization", "idle_time", "launch")
 
 
 def _parse(argv):

@@ -309,3 +309,32 @@ def open_steps(trace_dir, workload_card_path=None, steps="hta", allow_mixed: boo
     if not out:
         raise TraceError(*next(iter(errors.items())))
     return wl, out, errors, steps_note(spec)
+
+
+def hta_times(rt: RankTrace, rounding: str = "hta") -> tuple[np.ndarray, np.ndarray]:
+    """``(start, end)`` µs of every row; ``rounding="hta"`` as :func:`gpu_intervals` (HTA
+    rounds every event, CPU and GPU, when the file has sub-µs timestamps)."""
+    every = np.ones(len(rt), dtype=bool)
+    return gpu_intervals(rt, every, rounding)
+
+
+def launch_rows(rt: RankTrace) -> tuple[np.ndarray, np.ndarray]:
+    """``(gpu_row, cpu_row)`` pairs linked by correlation id: each GPU event (stream >= 0)
+    and the non-GPU event (runtime call) that launched it. GPU events without a launching
+    event in the trace are left out; with several candidates the last in file order wins,
+    as in HTA's ``transform_correlation_to_index``."""
+    gpu = rt.gpu_mask & (rt.correlation >= 0)
+    cpu = ~rt.gpu_mask & (rt.stream < 0) & (rt.correlation >= 0)
+    c_rows = np.flatnonzero(cpu)
+    c_corr = rt.correlation[c_rows]
+    # last occurrence per correlation id
+    order = np.lexsort((c_rows, c_corr))
+    c_corr, c_rows = c_corr[order], c_rows[order]
+    last = np.r_[c_corr[1:] != c_corr[:-1], True] if c_corr.size else np.zeros(0, dtype=bool)
+    c_corr, c_rows = c_corr[last], c_rows[last]
+    g_rows = np.flatnonzero(gpu)
+    pos = np.searchsorted(c_corr, rt.correlation[g_rows])
+    pos_ok = np.minimum(pos, max(c_corr.size - 1, 0))
+    found = (pos < c_corr.size) & (c_corr[pos_ok] == rt.correlation[g_rows]) if c_corr.size \
+        else np.zeros(g_rows.size, dtype=bool)
+    return g_rows[found], c_rows[pos_ok[found]]
