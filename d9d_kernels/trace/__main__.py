@@ -1,4 +1,5 @@
-"""``python -m d9d_kernels.trace DIR [--tools ...] [--workload-card F] [--json F] [--html F]``.
+"""``python -m d9d_kernels.trace DIR [--tools ...] [--steps all|hta|N:M] [--workload-card F] [--json F] [--html F]``
+and ``python -m d9d_kernels.trace diff RUN_A RUN_B [--steps ...] [--top N] [--json F] [--html F]``.
 
 Runs the selected tools (all by default) on a workload / trace directory, a
 trace file or a snapshot, prints one table per tool, and optionally writes the
@@ -148,7 +149,69 @@ def _preparse(target, card, progress: bool, allow_mixed: bool = False) -> tuple[
     return errors, warnings
 
 
+def _diff_main(argv) -> int:
+    """``python -m d9d_kernels.trace diff RUN_A RUN_B``: op-by-op comparison of two runs."""
+    p = argparse.ArgumentParser(prog="python -m d9d_kernels.trace diff",
+                                description="Compare two runs op by op (count and time per step), "
+                                            "the largest regressions first.")
+    p.add_argument("run_a", metavar="RUN_A", help="baseline: trace dir or file")
+    p.add_argument("run_b", metavar="RUN_B", help="compared run: trace dir or file")
+    p.add_argument("--steps", default="hta", metavar="all|hta|N:M", help="step filter for both runs")
+    p.add_argument("--allow-mixed", action="store_true", help="accept traces of different jobs in one run")
+    p.add_argument("--top", type=int, default=15, help="regressions/improvements listed per side (text)")
+    p.add_argument("--json", default=None, metavar="F", help="write the full comparison as JSON to F")
+    p.add_argument("--html", default=None, metavar="F", help="write an HTML report to F")
+    args = p.parse_args(argv)
+    from d9d_kernels.trace import diff
+    from d9d_kernels.trace._common import parse_steps
+    from d9d_kernels.trace._load import TraceError
+
+    for path in (args.run_a, args.run_b):
+        if not os.path.exists(path):
+            _err(f"{path}: no such file or directory")
+            return 2
+    try:
+        parse_steps(args.steps)
+    except ValueError as exc:
+        _err(f"--steps: {exc}")
+        return 2
+    try:
+        res = _clean(diff.compare(args.run_a, args.run_b, steps=args.steps, allow_mixed=args.allow_mixed))
+    except TraceError as exc:
+        _err(f"{exc.file}: {exc.reason}")
+        return 1
+    rc = 0
+    if args.json:
+        try:
+            with open(args.json, "w", encoding="utf-8") as fh:
+                json.dump(res, fh, indent=1, allow_nan=False)
+        except (OSError, ValueError) as exc:
+            _err(f"{args.json}: cannot write JSON: {exc}")
+            rc = 2
+    if args.html:
+        from d9d_kernels.trace.report import html_report
+
+        try:
+            with open(args.html, "w", encoding="utf-8") as fh:
+                fh.write(html_report({"diff": {**res, "ranks": diff.top_table(res, args.top)}}, title=f"diff {args.run_a} -> {args.run_b}",
+                                     inputs=[args.run_a, args.run_b], errors=res["errors"],
+                                     warnings=res["warnings"]))
+        except OSError as exc:
+            _err(f"{args.html}: cannot write HTML: {exc}")
+            rc = 2
+    for w in res["warnings"]:
+        print(f"warning: {_one_line(w)}", file=sys.stderr)
+    print(diff.text(res, args.top))
+    if not res["ops"]["gpu"] and not res["ops"]["cpu"]:
+        _err("nothing compared (no rank in both runs)")
+        return 1
+    return rc
+
+
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] == "diff":
+        return _diff_main(argv[1:])
     args = _parse(argv)
     tools = [t.strip() for t in args.tools.split(",") if t.strip()]
     bad = [t for t in tools if t not in TOOLS]
