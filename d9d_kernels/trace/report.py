@@ -20,7 +20,7 @@ from typing import Any, Iterable
 MAX_RANK_COLUMNS = 8
 # detail kept in the JSON but left out of tables (per-step series, name lists)
 _SKIP_KEYS = {"steps", "snapshot_iterations", "annotations", "operations", "top_kernels",
-              "by_iteration", "hta_kernel_type"}
+              "by_iteration", "hta_kernel_type", "series", "longest_delays"}
 _MAX_DEPTH = 5
 
 
@@ -314,9 +314,28 @@ def _chart_kernels(results, plt):
     return fig
 
 
+def _chart_queue(results, plt):
+    rs = _ranks(results.get("counters"))
+    if not rs:
+        return None
+    rank, d = rs[0]
+    streams = [(k, v["series"]) for k, v in (d.get("streams") or {}).items() if v.get("series", {}).get("ts_us")]
+    if not streams:
+        return None
+    fig, ax = plt.subplots(figsize=(9, 3.0))
+    t0 = min(s["ts_us"][0] for _, s in streams)
+    for k, s in streams:
+        ax.step([(t - t0) / 1e3 for t in s["ts_us"]], s["queue_length"], where="post", label=k, lw=0.8)
+    ax.set_xlabel("ms since the first launch")
+    ax.set_ylabel("queued operations")
+    ax.set_title(f"Launch queue length per stream ({rank}; counters tool)")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    return fig
+
+
 CHARTS = (("Per-rank step time", _chart_step_time), ("Time breakdown", _chart_breakdown),
           ("Communication bandwidth", _chart_comm), ("Memory", _chart_memory),
-          ("Kernel classes", _chart_kernels))
+          ("Kernel classes", _chart_kernels), ("Queue length", _chart_queue))
 
 
 def charts(results: dict[str, dict]) -> list[tuple[str, str | None, str | None]]:
