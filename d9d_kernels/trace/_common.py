@@ -220,6 +220,7 @@ STEPS_DOC = ("steps: 'hta' (default; HolisticTraceAnalysis's filter: GPU work la
              "ProfilerStep, or with no launching CPU event, is dropped; no filter with < 2 steps), "
              "'all' (every event), or 'N:M' (ProfilerStep#N..#M inclusive: CPU events starting in "
              "those steps and the GPU work they launched)")
+_STEPS_CACHE: dict = {}
 _STEPS_RE = re.compile(r"^\s*(\d+)\s*(?::\s*(\d+)\s*)?$")
 
 
@@ -299,6 +300,9 @@ def open_steps(trace_dir, workload_card_path=None, steps="hta", allow_mixed: boo
     """
     spec = parse_steps(step_filter if step_filter is not None else steps)
     wl, ranks, errors = open_workload(trace_dir, workload_card_path, allow_mixed=allow_mixed)
+    key = (id(ranks), spec)
+    if _STEPS_CACHE.get("key") == key and _STEPS_CACHE.get("ranks") is ranks:
+        return _STEPS_CACHE["value"]
     errors = dict(errors)
     out = {}
     for r, rt in ranks.items():
@@ -308,7 +312,11 @@ def open_steps(trace_dir, workload_card_path=None, steps="hta", allow_mixed: boo
             errors[exc.file] = exc.reason
     if not out:
         raise TraceError(*next(iter(errors.items())))
-    return wl, out, errors, steps_note(spec)
+    value = (wl, out, errors, steps_note(spec))
+    # the tools of one CLI run share the filtered view (``ranks`` is kept alive by the check)
+    _STEPS_CACHE.clear()
+    _STEPS_CACHE.update(key=key, ranks=ranks, value=value)
+    return value
 
 
 def hta_times(rt: RankTrace, rounding: str = "hta") -> tuple[np.ndarray, np.ndarray]:
