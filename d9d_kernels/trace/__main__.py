@@ -193,7 +193,8 @@ def _diff_main(argv) -> int:
 
         try:
             with open(args.html, "w", encoding="utf-8") as fh:
-                fh.write(html_report({"diff": {**res, "ranks": diff.top_table(res, args.top)}}, title=f"diff {args.run_a} -> {args.run_b}",
+                fh.write(html_report({"diff": {**res, "ranks": diff.top_table(res, args.top)}},
+                                     title=f"diff {args.run_a} -> {args.run_b}",
                                      inputs=[args.run_a, args.run_b], errors=res["errors"],
                                      warnings=res["warnings"]))
         except OSError as exc:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import pickle
 import re
-from pathlib import Path
 
 import pytest
 import torch
@@ -15,7 +14,7 @@ from torch.cuda import _memory_viz as mv
 
 from d9d_kernels.trace import memory
 
-from tests.trace._data import SNAPSHOT as REAL  # noqa: E402
+from tests.trace._data import SNAPSHOT as REAL
 MiB = 1 << 20
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
 
 from d9d_kernels.trace import straggler
 from tests.trace._synth import SynthTrace, nccl_args

@@ -16,7 +16,7 @@ from d9d_kernels.trace._unpickle import (
     loads_snapshot,
 )
 
-from tests.trace._data import SNAPSHOT as REAL  # noqa: E402
+from tests.trace._data import SNAPSHOT as REAL
 
 
 def _write_marker(path):  # module-level so pickle can reference it by name
