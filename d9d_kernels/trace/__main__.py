@@ -270,6 +270,21 @@ def main(argv=None) -> int:
         except Exception:  # the tools will report it themselves, one by one
             pass
 
+    spec = parse_steps(args.steps)
+    if isinstance(spec, tuple) and not snapshot_only:
+        from d9d_kernels.trace._common import open_workload
+        from d9d_kernels.trace._load import TraceError
+
+        try:
+            _, ranks, _ = open_workload(target, args.workload_card, allow_mixed=args.allow_mixed)
+        except TraceError:
+            ranks = None  # unreadable: the tools report it
+        nums = [rt.steps[0] for rt in (ranks or {}).values()]
+        if nums and not any(((n >= spec[0]) & (n <= spec[1])).any() for n in nums):
+            have = sorted({int(x) for rt in ranks.values() for x in rt.steps[0]})
+            _err(f"--steps {args.steps}: no rank has a ProfilerStep#N in that range "
+                 f"(steps present: {_ranges(have) or 'none'})")
+            return 1
     results: dict[str, dict] = {}
     bar = None
     if progress:

@@ -63,6 +63,14 @@ def test_steps_out_of_range_is_an_error(tmp_path):
         overlap.metric_cal(f, steps="7:9")
 
 
+def test_cli_steps_out_of_range_exits_1(tmp_path, capsys):
+    f = _three_steps(tmp_path)
+    assert main([str(f), "--steps", "7:9", "--no-progress", "--quiet"]) == 1
+    assert "steps present: 1-3" in capsys.readouterr().err
+    assert main([str(f), "--steps", "9:7", "--no-progress", "--quiet"]) == 2
+    assert main([str(f), "--steps", "2:3", "--no-progress", "--quiet"]) == 0
+
+
 def test_training_phases_names_total_and_mean(tmp_path):
     f = _three_steps(tmp_path)
     tp = training_phases.metric_cal(f)["ranks"]["rank0"]
