@@ -2,7 +2,7 @@
 
 Tools (one module each, all ``metric_cal(trace_dir, workload_card_path=None,
 profile_mode="auto") -> dict``): throughput, communication, memory, overlap,
-training_phases, fsdp, straggler, kernel, gpu_utilization, idle_time, launch, counters, sequences
+training_phases, fsdp, straggler, kernel, gpu_utilization, idle_time, launch, counters, sequences, critical_path
 (and ``diff``, which compares two runs: ``python -m d9d_kernels.trace diff A B``). ``trace_dir`` is a
 workload directory, a directory of ``.json``/``.json.gz`` traces, one trace
 file, or a list of trace files (see :mod:`d9d_kernels.trace._load`).
@@ -34,5 +34,5 @@ from d9d_kernels.trace._result import metric, result  # noqa: F401
 
 TOOLS = (
     "throughput", "communication", "memory", "overlap", "training_phases",
-    "fsdp", "straggler", "kernel", "gpu_utilization", "idle_time", "launch", "counters", "sequences",
+    "fsdp", "straggler", "kernel", "gpu_utilization", "idle_time", "launch", "counters", "sequences", "critical_path",
 )

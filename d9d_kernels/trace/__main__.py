@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 TOOLS = ("throughput", "communication", "memory", "overlap", "training_phases",
-         "fsdp", "straggler", "kernel", "gpu_utilization", "idle_time", "launch", "counters", "sequences")
+         "fsdp", "straggler", "kernel", "gpu_utilization", "idle_time", "launch", "counters", "sequences", "critical_path")
 
 
 def _parse(argv):

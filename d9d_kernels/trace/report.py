@@ -20,7 +20,7 @@ from typing import Any, Iterable
 MAX_RANK_COLUMNS = 8
 # detail kept in the JSON but left out of tables (per-step series, name lists)
 _SKIP_KEYS = {"steps", "snapshot_iterations", "annotations", "operations", "top_kernels",
-              "by_iteration", "hta_kernel_type", "series", "longest_delays"}
+              "by_iteration", "hta_kernel_type", "series", "longest_delays", "top_events"}
 _MAX_DEPTH = 5
 
 

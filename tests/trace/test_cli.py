@@ -40,7 +40,7 @@ def test_real_traces_table_json_html(tmp_path):
     doc = json.loads(out_json.read_text())
     assert set(doc["tools"]) == {"throughput", "communication", "memory", "overlap", "training_phases",
                                  "fsdp", "straggler", "kernel", "gpu_utilization", "idle_time", "launch",
-                                 "counters", "sequences"}
+                                 "counters", "sequences", "critical_path"}
     # JSON numbers are the trace's numbers: median ProfilerStep duration, from the raw file
     raw = json.loads(gzip.open(SAMPLED / "sampled_rank-0.json.gz").read())
     steps = [e["dur"] for e in raw["traceEvents"]
