@@ -452,7 +452,7 @@ def metric_cal(trace_dir, workload_card_path=None, profile_mode: str = "auto", s
         if not any_events:
             notes.append("no profiler [memory] events in the traces (profile_memory=False)")
 
-    if ranks and not pickles_only:
+    if not pickles_only:
         notes.append(f"step filter: not applied (steps={steps!r}); snapshots and [memory] events "
                      "cover the whole profiled window")
     summary: dict[str, Any] = {}

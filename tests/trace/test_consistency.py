@@ -57,6 +57,15 @@ def test_every_tool_uses_the_same_filter(tmp_path, steps, n_coll, kernel_us):
     assert kr["ranks"]["rank0"]["by_class"]["other"]["time"]["value"] == pytest.approx(kernel_us)
 
 
+@pytest.mark.parametrize("tool", TOOLS)
+def test_every_section_names_the_step_filter(tmp_path, tool):
+    import importlib
+
+    f = _three_steps(tmp_path)
+    res = importlib.import_module(f"d9d_kernels.trace.{tool}").metric_cal(f, steps="2:3")
+    assert any("step filter" in n for n in res["notes"]), (tool, res["notes"])
+
+
 def test_steps_out_of_range_is_an_error(tmp_path):
     f = _three_steps(tmp_path)
     with pytest.raises(Exception, match="7:9.*steps present: 1..3"):
