@@ -37,7 +37,7 @@ tm = pytest.importorskip("torchmetrics")
 
 TASK_PREFIXES = (("Binary", "binary"), ("Multiclass", "multiclass"), ("Multilabel", "multilabel"))
 SUBMODULES = ("classification", "regression", "aggregation", "text", "segmentation")
-#: fixed-bin AUROC / AveragePrecision vs torchmetrics' exact curves (API.md §4: 1e-3 at 10 000 bins)
+#: fixed-bin AUROC / AveragePrecision vs torchmetrics' exact curves (1e-3 at 10 000 bins, docs/metrics.md)
 BINNED = {"AUROC", "AveragePrecision"}
 
 

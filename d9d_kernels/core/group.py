@@ -33,7 +33,7 @@ __all__ = ["MetricGroup"]
 
 
 class MetricGroup(_GroupBase):
-    """A ``Metric`` holding named members in one packed storage (API.md §3).
+    """A ``Metric`` holding named members in one packed storage.
 
     Args:
         metrics: ``{name: Metric}``; fresh metrics, not in another group.

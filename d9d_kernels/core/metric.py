@@ -143,7 +143,7 @@ class _MetricMeta(type):
 
 
 class Metric(metaclass=_MetricMeta):
-    """Base class of every metric and of ``MetricGroup`` (API.md §1).
+    """Base class of every metric and of ``MetricGroup``.
 
     Lifecycle: ``update(...)`` -> ``trigger_sync(ctx)`` -> ``wait_sync(ctx)`` ->
     ``compute()``; ``reset()``; ``state_dict()``/``load_state_dict()``
