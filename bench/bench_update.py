@@ -6,7 +6,7 @@ C = 10 and 1000 classes and batch 32 ... 65536, with d9d_kernels versus
 torchmetrics (defaults; fastest settings), torcheval and a hand-written
 plain-torch update (bench/providers.py)?
 
-Targets (issue 5): >= 20x faster than torchmetrics default, >= 3x faster than
+Targets: >= 20x faster than torchmetrics default, >= 3x faster than
 torcheval, no slower than plain torch.
 
     python bench/bench_update.py [--quick] [--out bench/results/update.csv]
@@ -18,7 +18,7 @@ torcheval, no slower than plain torch.
 update, measured interleaved (update, forward, update, ... in rounds; the
 ratio is the median of per-round ratios), for d9d_kernels and torchmetrics;
 ``d9d_state`` is d9d's forward without the batch-value formulas (scratch
-reset, update on it, fold). Target (issue 14): forward <= 1.2x update.
+reset, update on it, fold). Target: forward <= 1.2x update.
 Writes ``bench/results/bench_update_forward.csv``.
 
 One CSV row per (provider, C, batch): median/p20/p80 of the update call.

@@ -26,14 +26,14 @@ from typing import Iterator
 
 import torch
 
-from d9d_kernels.core.metric import HostValues, Metric, _GroupBase, detach_from, routed_error, update_signature
+from d9d_kernels.core.metric import HostValues, Metric, _GroupBase, detach_from, positional_names, routed_error, update_signature
 from d9d_kernels.core.storage import Layout, Storage
 
 __all__ = ["MetricGroup"]
 
 
 class MetricGroup(_GroupBase):
-    """A ``Metric`` holding named members in one packed storage (API.md §3).
+    """A ``Metric`` holding named members in one packed storage.
 
     Args:
         metrics: ``{name: Metric}``; fresh metrics, not in another group.
@@ -128,6 +128,27 @@ class MetricGroup(_GroupBase):
             cache[names] = hit
         return hit
 
+    def _name_positional(self, args: tuple, inputs: dict) -> dict:
+        """Positional inputs, as torchmetrics' ``MetricCollection(preds, target)``
+        takes them: named by the parameters every member's update has at
+        those positions (``preds, target`` for the classification family)."""
+        cache = self.__dict__.setdefault("_positional", {})
+        names = cache.get(len(args))
+        if names is None:
+            per_member = {n: positional_names(m)[: len(args)] for n, m in self._members.items()}
+            distinct = set(per_member.values())
+            if len(distinct) != 1 or len(next(iter(distinct))) < len(args):
+                seen = ", ".join(f"{n}: {list(v)}" for n, v in per_member.items())
+                raise TypeError(
+                    f"MetricGroup: {len(args)} positional input(s) need the same leading update parameters in "
+                    f"every member (here {seen}); pass the inputs by name, e.g. g.update(preds=..., target=...)"
+                )
+            names = cache[len(args)] = next(iter(distinct))
+        both = sorted(set(names) & set(inputs))
+        if both:
+            raise TypeError(f"MetricGroup: input(s) {both} given both by position and by name")
+        return {**dict(zip(names, args)), **inputs}
+
     def update(self, *args, **inputs) -> None:
         """Feeds ``inputs`` to every member whose update takes exactly these names.
 
@@ -136,8 +157,7 @@ class MetricGroup(_GroupBase):
         inputs there; no member's state is written before every routed
         member's checks passed."""
         if args:
-            raise TypeError(f"MetricGroup.update takes keyword inputs only (routed by name), got {len(args)} "
-                            "positional argument(s): call g.update(preds=..., target=...)")
+            inputs = self._name_positional(args, inputs)
         targets = self._targets(frozenset(inputs))
         if not targets:
             raise ValueError(f"MetricGroup.update: no member's update takes the inputs {sorted(inputs)}")
@@ -166,11 +186,13 @@ class MetricGroup(_GroupBase):
         ``{key: value on this batch}`` for the members the inputs were routed
         to (keys with prefix/postfix). One kernel call per merged statistic;
         local to this rank (no sync). See ``Metric.forward``."""
+        if args:
+            inputs = self._name_positional(args, inputs)
         st = self._storage
         st.forward_begin()
         ok = False
         try:
-            self.update(*args, **inputs)
+            self.update(**inputs)
             ok = True
         finally:
             views = st.forward_end(fold=ok)

@@ -143,7 +143,7 @@ class _MetricMeta(type):
 
 
 class Metric(metaclass=_MetricMeta):
-    """Base class of every metric and of ``MetricGroup`` (API.md §1).
+    """Base class of every metric and of ``MetricGroup``.
 
     Lifecycle: ``update(...)`` -> ``trigger_sync(ctx)`` -> ``wait_sync(ctx)`` ->
     ``compute()``; ``reset()``; ``state_dict()``/``load_state_dict()``
@@ -721,11 +721,19 @@ def detach_from(value, st: Storage):
     return value
 
 
+def _update_fn(metric: Metric) -> Callable:
+    return metric._update if type(metric).update is Metric.update else metric.update
+
+
+def positional_names(metric: Metric) -> tuple[str, ...]:
+    """The names of a metric's update parameters that can be given by position, in order."""
+    return tuple(p.name for p in inspect.signature(_update_fn(metric)).parameters.values()
+                 if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
+
+
 def update_signature(metric: Metric) -> tuple[frozenset, frozenset, bool]:
     """(required names, all names, takes **kwargs) of a metric's update."""
-    fn: Callable = metric.update
-    if type(metric).update is Metric.update:
-        fn = metric._update
+    fn = _update_fn(metric)
     req, allp, var = set(), set(), False
     for p in inspect.signature(fn).parameters.values():
         if p.kind == p.VAR_KEYWORD:

@@ -1,4 +1,4 @@
-"""Aggregation metrics (API.md §4): ``update(values, weights=None, mask=None)``.
+"""Aggregation metrics: ``update(values, weights=None, mask=None)``.
 
 * ``SumMetric``: ``Σ w·x`` (w defaults to 1); 0 before any update.
 * ``WeightedMeanMetric``: ``Σ w·x / Σ w``; NaN when ``Σ w == 0`` (no data, all

@@ -1,4 +1,4 @@
-"""The metric catalogue (issue 4): classification, ranking, regression, text;
+"""The metric catalogue: classification, ranking, regression, text;
 calibration, segmentation, similarity, percentage errors, running mean.
 
 Re-exported by ``d9d_kernels`` (``dk.Accuracy``, ``dk.AUROC``, ...).

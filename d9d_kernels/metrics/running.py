@@ -81,6 +81,15 @@ class RunningMean(Metric):
                 f"of shape {ws} does not broadcast with value {vs}")
         super().update(value=value, weight=weight)
 
+    def forward(self, value, weight=1.0):
+        """Adds the batch to the window and returns the batch's own mean
+        (torchmetrics' ``RunningMean`` forward). The ring slot an update
+        writes depends on the state, so the batch value is read back from
+        that slot instead of from a scratch copy of the state."""
+        self.update(value, weight)
+        row = self.ring.index_select(0, torch.remainder(self.seen - 1, self.window).to(torch.int64))[0]
+        return row[0] / row[1]
+
     def _update(self, value, weight=1.0):
         v, w = _float64(value, self.ring.device), _float64(weight, self.ring.device)
         v, w = torch.broadcast_tensors(v, w)

@@ -343,3 +343,22 @@ def test_unsynced_compute_warns_once_per_metric_in_a_multi_rank_job():
         assert "SumMetric.compute(): this rank's local value" in r["warnings"][0]
         assert "sync_and_compute" in r["warnings"][0] and "MetricGroup" in r["warnings"][1]
         assert r["synced"] == 3.0 and r["after_sync"] == []
+
+
+def test_group_positional_inputs_as_metric_collection():
+    """``g(preds, target)`` / ``g.update(preds, target)`` as torchmetrics'
+    MetricCollection takes them; members with other leading parameters are refused by name."""
+    g = dk.MetricGroup({"acc": dk.Accuracy(task="multiclass", num_classes=4),
+                        "mse": dk.MeanSquaredError()})
+    c = tm.MetricCollection({"acc": tm.Accuracy(task="multiclass", num_classes=4)})
+    p, t = torch.tensor([0, 1, 2, 3, 3]), torch.tensor([0, 1, 1, 3, 2])
+    with pytest.raises(TypeError, match="positional"):
+        g.update(p.float(), t.float(), t.float(), t.float(), t.float())
+    g2 = dk.MetricGroup({"acc": dk.Accuracy(task="multiclass", num_classes=4)})
+    batch = g2(p, t)
+    assert batch["acc"].item() == pytest.approx(c(p, t)["acc"].item())
+    g2.update(p, target=t)
+    c.update(p, t)
+    assert g2.compute()["acc"].item() == pytest.approx(c.compute()["acc"].item())
+    with pytest.raises(TypeError, match="both by position and by name"):
+        g2.update(p, preds=p)

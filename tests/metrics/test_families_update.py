@@ -1,4 +1,4 @@
-"""The new metric families keep API.md §1's update contract: no host read of
+"""The new metric families keep the update contract (docs/metrics_core.md): no host read of
 tensor data in ``update`` (no ``.item()`` / ``bool(tensor)``: checked below
 the Python layer with a dispatch mode), state in the packed buffers (reset,
 state_dict / load_state_dict round trips), results unchanged by a group."""
