@@ -114,7 +114,7 @@ def _lower(storage, plan, recorded, names: list, views: list) -> list | None:
 def attach(storage, owner: int, plan, recorded: list, args: tuple, kwargs: dict) -> None:
     """Adds ``plan`` (just built from ``recorded`` for this call's signature)
     to ``owner``'s runner in ``storage.compiled`` (``(views, runner)``) when every step lowers."""
-    if plan is None or not hasattr(plan, "steps") or torch.compiler.is_compiling() or not enabled():
+    if torch.compiler.is_compiling() or plan is None or not hasattr(plan, "steps") or not enabled():
         return
     names = [None] * len(args) + list(kwargs)  # update input index -> keyword name
     checks = [_check(v) for v in (*args, *kwargs.values())]
