@@ -6,7 +6,7 @@ uses the same ``ClassStatistic`` as the classification metrics: in a
 ``MetricGroup`` with ``Accuracy(task="multiclass", num_classes=V)`` (top-1
 and top-k) on the same inputs and ``ignore_index``, ONE kernel call per
 update serves them all. Without it, Perplexity keeps only ``[2]`` floats of
-state and passes the kernel a transient ``[1, 3, V]`` scratch buffer.
+state and asks the kernel for the NLL alone (no top-k, no per-class counts).
 """
 
 from __future__ import annotations
@@ -50,9 +50,10 @@ class NLLStatistic(Statistic):
         preds, target = inputs[self.inputs[0]], inputs[self.inputs[1]]
         mask = inputs.get(self.inputs[2])
         V = preds.shape[-1]
-        scratch = torch.zeros(1, 3, V, dtype=torch.float64, device=preds.device)
-        ops.class_stats(preds, target, mask, num_classes=V, stats=scratch, extras=state["extras"], bad=state["bad"],
-                        ignore_index=self.ignore_index, top_ks=(1,), nll=True)
+        # no top_ks: the kernel counts only extras and bad; stats [0, 3, V] holds no bytes
+        no_stats = preds.new_empty((0, 3, V), dtype=torch.float64)
+        ops.class_stats(preds, target, mask, num_classes=V, stats=no_stats, extras=state["extras"], bad=state["bad"],
+                        ignore_index=self.ignore_index, top_ks=(), nll=True)
         if self.count_nonfinite:
             state["nonfinite"].add_(nonfinite_rows(preds, target, mask, self.ignore_index, target.dim(), class_rows=True))
 
