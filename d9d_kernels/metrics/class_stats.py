@@ -170,6 +170,7 @@ class ClassStatistic(Statistic):
         if preds.is_floating_point() and preds.dim() == target.dim():
             # floating class indices (same shape as target): non-whole values are counted as bad
             preds = as_index("class_stats", "preds", preds, preds.device)
+        lse = inputs.get("lse")  # Perplexity's given logsumexp: no exp pass in the kernel
         if preds.dim() > target.dim() and preds.dim() > 2:
             blocks = score_blocks(preds, target, mask, self.num_classes)
         else:
@@ -186,10 +187,14 @@ class ClassStatistic(Statistic):
                 confmat=state.get("confmat"),
                 ignore_index=self.ignore_index,
                 top_ks=self.top_ks,
-                nll=self.nll,
+                nll=self.nll and lse is None,
             )
             if self.count_nonfinite and p.is_floating_point():
                 state["nonfinite"].add_(nonfinite_rows(p, t, m, self.ignore_index, t.dim(), class_rows=True))
+        if lse is not None:  # after the kernel: its checks run first
+            from d9d_kernels.metrics.text import add_lse_nll
+
+            add_lse_nll(state, preds, target, mask, lse, self.ignore_index, count_rows=False)
 
     def bind(self, sample: dict):
         """The raw ``class_stats`` op when ``sample`` needs no reshaping:
@@ -205,6 +210,7 @@ class ClassStatistic(Statistic):
                  or preds.shape == n and preds.dtype == torch.int64)
             and (mask is None or (mask.dtype == torch.bool and mask.shape == n))
             and not self.count_nonfinite
+            and "lse" not in sample
             and pick("class_stats", preds.device, None) in ("cpp", "cuda")
         )
         if not direct:
