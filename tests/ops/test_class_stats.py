@@ -396,3 +396,39 @@ def test_16_byte_lanes_without_avx2():
     r = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
     assert " passed" in r.stdout and " failed" not in r.stdout
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("C", [1, 31, 32, 33, 1000])
+def test_nll_alone_without_top_ks(backend, dtype, C):
+    """top_ks=() with nll: only extras and bad (the Perplexity path), against the
+    reference and float64 cross_entropy; -inf masked logits, NaN/+Inf and all -inf rows."""
+    g = torch.Generator().manual_seed(C)
+    n = 300
+    logits = torch.randn(n, C, generator=g, dtype=torch.float64) * 4
+    target = torch.randint(0, C, (n,), generator=g)
+    if C > 1:
+        masked = torch.rand(n, C, generator=g) < 0.3
+        masked[torch.arange(n), target] = False
+        logits = logits.masked_fill(masked, float("-inf"))
+    preds = logits.to(dtype)
+    target[::17] = -1  # ignored
+    got = run_and_compare(backend, preds, target, C=C, top_ks=(), nll=True, ignore_index=-1, confmat=False)
+    assert got[3].item() == 0
+    keep = target != -1
+    want = torch.nn.functional.cross_entropy(preds[keep].double(), target[keep], reduction="sum")
+    assert_nll_close(got[2], torch.stack([got[2][0], want]), dtype)
+    bad = preds.clone()
+    bad[3, 0], bad[5, C - 1], bad[7] = float("nan"), float("inf"), float("-inf")
+    got = run_and_compare(backend, bad, target, C=C, top_ks=(), nll=True, ignore_index=-1, confmat=False)
+    assert got[3].item() == 3
+
+
+def test_empty_top_ks_needs_nll_scores():
+    C = 5
+    with pytest.raises(ValueError, match="top_ks"):
+        dk.ops.class_stats(torch.randn(4, C), torch.zeros(4, dtype=torch.int64), num_classes=C,
+                           stats=f64(0, 3, C), extras=f64(2), bad=f64(1), top_ks=(), nll=False)
+    with pytest.raises(ValueError, match="top_ks"):
+        dk.ops.class_stats(torch.zeros(4, dtype=torch.int64), torch.zeros(4, dtype=torch.int64), num_classes=C,
+                           stats=f64(0, 3, C), extras=f64(2), bad=f64(1), top_ks=(), nll=True)
