@@ -3,7 +3,8 @@ of torch and a CUDA toolkit are both found (a visible GPU is not needed).
 
 Environment:
   D9D_KERNELS_BUILD_CUDA = auto (default) | 0 | 1
-  TORCH_CUDA_ARCH_LIST   = CUDA archs; default "8.0;9.0" (A100, H100/H200).
+  TORCH_CUDA_ARCH_LIST   = CUDA archs; default "8.0;9.0+PTX" (A100, H100/H200
+                           SASS, plus sm_90 PTX that newer GPUs JIT-compile).
                            torch's own default probes the GPU and crashes on a
                            machine without one, so we always set it.
   CUDA_HOME / CUDA_PATH  = toolkit root; else /usr/local/cuda*, else found
@@ -22,7 +23,7 @@ import sys
 from setuptools import find_packages, setup
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
-DEFAULT_ARCHS = "8.0;9.0"
+DEFAULT_ARCHS = "8.0;9.0+PTX"
 
 
 def _is_toolkit(root: str | None) -> bool:

@@ -8,7 +8,7 @@ state), torcheval (``sync_and_compute_collection``) and one raw
 limit; timed after the same untimed group update as d9d)? World sizes 2
 and 4 (spawned processes, one intra-op thread each, one core per rank).
 
-Targets (issue 5): ours <= 1.3x the raw all_reduce; flat in K (K=64 <= 1.5x
+Targets: ours <= 1.3x the raw all_reduce; flat in K (K=64 <= 1.5x
 K=1); >= 10x faster than torchmetrics at K = 16.
 
 Providers (the ``provider`` column):

@@ -25,7 +25,12 @@ what an install without the optional msgspec gets).
 Datasets: the shared real traces, and ``nccl_x8``: the 40k-event A100 rank copied to
 8 ranks (distributedInfo.rank rewritten) to exercise parallel parsing.
 
-    python bench/bench_trace.py [--repeats 5] [--data /work/shared/data/traces]
+    python bench/bench_trace.py [--repeats 5] [--data /work/shared/data/traces] \
+        [--suite temporal+overlap+kernel_type | idle+launch+queue] [--providers hta,d9d,d9d_stdlib]
+
+``--suite idle+launch+queue`` times HTA's get_idle_time_breakdown +
+get_cuda_kernel_launch_stats + get_queue_length_summary (all ranks) against our
+idle_time + launch + counters tools.
 
 Appends rows to bench/results/bench_trace.csv.
 """
@@ -50,10 +55,14 @@ CSV = REPO / "bench" / "results" / "bench_trace.csv"
 COLUMNS = ["op", "provider", "shape", "dtype", "device", "p20", "p50", "p80", "cpu_s_p50",
            "tracemalloc_peak_mib", "rss_growth_mib", "worker_maxrss_mib", "ratio_p50_vs_hta", "git_sha"]
 
+# what is timed on both sides: the original three HTA analyses, or the three added later
+SUITES = ("temporal+overlap+kernel_type", "idle+launch+queue")
+SUITES_OP = {"temporal+overlap+kernel_type": "temporal+overlap+kernel_type",
+             "idle+launch+queue": "idle_time+launch+queue_length"}
 CHILD = r"""
 import json, os, resource, sys, time, logging, warnings
 warnings.filterwarnings("ignore")
-provider, trace_dir, mem = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
+provider, trace_dir, mem, suite = sys.argv[1], sys.argv[2], sys.argv[3] == "1", sys.argv[4]
 def vm(key):
     for line in open("/proc/self/status"):
         if line.startswith(key):
@@ -69,18 +78,25 @@ if provider == "hta":
             ta.t.load_traces(False, use_multiprocessing=False)
         else:
             ta = TraceAnalysis(trace_dir=trace_dir)
-        ta.get_temporal_breakdown(visualize=False)
-        ta.get_comm_comp_overlap(visualize=False)
-        ta.get_gpu_kernel_breakdown(visualize=False)
+        if suite == "idle+launch+queue":
+            ranks = list(ta.t.traces)
+            ta.get_idle_time_breakdown(ranks=ranks, visualize=False)
+            ta.get_cuda_kernel_launch_stats(ranks=ranks, visualize=False)
+            ta.get_queue_length_summary(ranks=ranks)
+        else:
+            ta.get_temporal_breakdown(visualize=False)
+            ta.get_comm_comp_overlap(visualize=False)
+            ta.get_gpu_kernel_breakdown(visualize=False)
 else:
-    from d9d_kernels.trace import _common, kernel, overlap
+    from d9d_kernels.trace import _common, counters, idle_time, kernel, launch, overlap
     import concurrent.futures  # noqa: F401 (pool import outside the clock, as HTA's)
     def work():
         _common._CACHE.clear()
         if mem:  # serial parse so tracemalloc sees every rank's parsing (workers are invisible to it)
             _common.open_workload(trace_dir, parallel=False)
-        overlap.metric_cal(trace_dir)
-        kernel.metric_cal(trace_dir)
+        tools = (idle_time, launch, counters) if suite == "idle+launch+queue" else (overlap, kernel)
+        for tool in tools:
+            tool.metric_cal(trace_dir)
 if mem:
     import tracemalloc
     tracemalloc.start()
@@ -101,11 +117,11 @@ print("RESULT " + json.dumps(out))
 """
 
 
-def run_child(provider: str, trace_dir: Path, mem: bool) -> dict:
+def run_child(provider: str, trace_dir: Path, mem: bool, suite: str = SUITES[0]) -> dict:
     env = dict(os.environ, PYTHONPATH=str(REPO))
     if provider == "d9d_stdlib":  # our parser without msgspec (the optional dependency)
         env["D9D_TRACE_JSON"] = "stdlib"
-    p = subprocess.run([sys.executable, "-c", CHILD, provider, str(trace_dir), "1" if mem else "0"],
+    p = subprocess.run([sys.executable, "-c", CHILD, provider, str(trace_dir), "1" if mem else "0", suite],
                        capture_output=True, text=True, env=env, cwd=str(REPO), timeout=900)
     for line in p.stdout.splitlines():
         if line.startswith("RESULT "):
@@ -141,6 +157,9 @@ def main():
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--data", default="/work/shared/data/traces")
     ap.add_argument("--datasets", default="hta_sampled_2rank,nccl_rank0_of2,nccl_x8")
+    ap.add_argument("--suite", default=SUITES[0], choices=SUITES,
+                    help="analyses timed on both sides (HTA's call per analysis vs our tool)")
+    ap.add_argument("--providers", default="hta,d9d,d9d_stdlib")
     args = ap.parse_args()
     try:
         sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
@@ -154,16 +173,16 @@ def main():
             d = sets[name]
             n_ranks = len(list(d.iterdir()))
             res = {}
-            for provider in ("hta", "d9d", "d9d_stdlib"):
-                runs = [run_child(provider, d, False) for _ in range(args.repeats)]
+            for provider in args.providers.split(","):
+                runs = [run_child(provider, d, False, args.suite) for _ in range(args.repeats)]
                 walls = [r["wall_s"] for r in runs]
                 cpus = [r["cpu_s"] for r in runs]
-                mem = run_child(provider, d, True)
+                mem = run_child(provider, d, True, args.suite)
                 res[provider] = (walls, mem, cpus)
             hta_p50 = statistics.median(res["hta"][0])
             for provider, (walls, mem, cpus) in res.items():
                 row = {
-                    "op": "trace_parse+temporal+overlap+kernel_type", "provider": provider,
+                    "op": "trace_parse+" + SUITES_OP[args.suite], "provider": provider,
                     "shape": f"{name}:{n_ranks}ranks", "dtype": "", "device": f"cpu{os.cpu_count()}",
                     "p20": round(pct(walls, 0.2), 4), "p50": round(statistics.median(walls), 4),
                     "p80": round(pct(walls, 0.8), 4), "cpu_s_p50": round(statistics.median(cpus), 4),

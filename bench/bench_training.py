@@ -5,7 +5,7 @@ group (loss mean, accuracy, top-5, macro F1/precision/recall, confusion
 matrix) is updated every step (and computed every ``--log-every`` steps),
 with d9d_kernels vs torchmetrics (default; fastest settings) vs no metrics?
 
-Target (issue 5): <= 2 % for d9d_kernels; torchmetrics' is reported.
+Target: <= 2 % for d9d_kernels; torchmetrics' is reported.
 
 The loop: an MLP (in 256 -> 1024 -> 1024 -> C), batch 256, SGD, single
 process, torch's default intra-op threads. The variants run in interleaved

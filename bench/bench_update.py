@@ -6,11 +6,19 @@ C = 10 and 1000 classes and batch 32 ... 65536, with d9d_kernels versus
 torchmetrics (defaults; fastest settings), torcheval and a hand-written
 plain-torch update (bench/providers.py)?
 
-Targets (issue 5): >= 20x faster than torchmetrics default, >= 3x faster than
+Targets: >= 20x faster than torchmetrics default, >= 3x faster than
 torcheval, no slower than plain torch.
 
     python bench/bench_update.py [--quick] [--out bench/results/update.csv]
     python bench/bench_update.py --segmentation only --out bench/results/bench_update_segmentation.csv
+
+``--forward``: the same group's ``forward`` (``g(preds=..., target=...)`` and
+``loss(values=..., weights=...)``: update AND batch values) against its
+update, measured interleaved (update, forward, update, ... in rounds; the
+ratio is the median of per-round ratios), for d9d_kernels and torchmetrics;
+``d9d_state`` is d9d's forward without the batch-value formulas (scratch
+reset, update on it, fold). Target: forward <= 1.2x update.
+Writes ``bench/results/bench_update_forward.csv``.
 
 One CSV row per (provider, C, batch): median/p20/p80 of the update call.
 Plot + table: ``python bench/report.py``.
@@ -29,7 +37,9 @@ from __future__ import annotations
 
 import argparse
 import subprocess
+import statistics
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -57,9 +67,14 @@ def parse(argv=None):
                    help="the [8, 21, 512, 512] segmentation section: with the group rows (default), only it, or off")
     p.add_argument("--seg-peak", default=None, choices=SEG_PROVIDERS, help=argparse.SUPPRESS)  # child process
     p.add_argument("--seg-shape", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--forward", action="store_true", help="forward vs update rows, interleaved "
+                   "(writes bench_update_forward.csv unless --out is given)")
+    p.add_argument("--rounds", type=int, default=None, help="--forward: interleaved rounds (default 15, quick 7)")
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda: on cuda the d9d update is also "
                    "run under torch.cuda.set_sync_debug_mode('error') and its host syncs per step recorded")
     a = p.parse_args(argv)
+    if a.forward and a.out == str(harness.RESULTS / f"{BENCH}.csv"):
+        a.out = str(harness.RESULTS / f"{BENCH}_forward.csv")
     if a.tiny:
         a.classes = a.classes or [10, 50]
         a.batches = a.batches or [32, 256]
@@ -93,12 +108,102 @@ def host_sync_check(g, inputs, out_csv, C, N) -> None:
     print(f"{BENCH}: d9d host syncs per step on GPU (C={C}, N={N}): {rec['syncs_per_step']}", flush=True)
 
 
+def forward_calls(prov: str, grp, inputs):
+    """(update, forward[, forward without batch values]) callables of one provider's group."""
+    logits, target, loss, n = inputs
+    if prov == "d9d":
+        g, lm = grp.g, grp.loss
+        st = g._storage
+
+        def fwd():
+            lm(values=loss, weights=n)
+            return g(preds=logits, target=target)
+
+        def state_only():  # forward's state work: scratch reset, update on it, fold
+            st.forward_begin()
+            lm.update(values=loss, weights=n)
+            g.update(preds=logits, target=target)
+            st.forward_end()
+
+        return (lambda: grp.update(*inputs)), fwd, state_only
+    if prov in ("torchmetrics", "torchmetrics_fast"):
+        def fwd():
+            grp.loss(loss, n)
+            return grp.col(logits, target)
+
+        return (lambda: grp.update(*inputs)), fwd, None
+    raise ValueError(f"--forward compares d9d and torchmetrics, not {prov}")
+
+
+def interleaved(fns: dict, rounds: int, min_repeat_s: float, sync=None) -> dict:
+    """Times each callable in turn, ``rounds`` times; returns per-name
+    per-call times (lists) measured in the same rounds."""
+    sync = sync or (lambda: None)
+    numbers = {}
+    for name, fn in fns.items():
+        for _ in range(3):
+            fn()
+        sync()
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        one = time.perf_counter() - t0
+        numbers[name] = max(1, int(min_repeat_s / max(one, 1e-9)))
+    times = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            k = numbers[name]
+            t0 = time.perf_counter()
+            for _ in range(k):
+                fn()
+            sync()
+            times[name].append((time.perf_counter() - t0) / k)
+    return times
+
+
+def main_forward(a) -> int:
+    rounds = a.rounds or (2 if a.tiny else 7 if a.quick else 15)
+    min_s = 0.0 if a.tiny else 0.005 if a.quick else 0.02
+    provs = [p for p in a.providers if p in ("d9d", "torchmetrics", "torchmetrics_fast")]
+    rows, dev = [], torch.device(a.device)
+    sync = torch.cuda.synchronize if dev.type == "cuda" else None
+    for C in a.classes:
+        for N in a.batches:
+            inputs = pv.update_inputs(N, C, device=dev)
+            for prov in provs:
+                grp = pv.make_update_group(prov, C, device=dev)
+                upd, fwd, state_only = forward_calls(prov, grp, inputs)
+                fns = {"group_update": upd, "group_forward": fwd}
+                if state_only is not None:
+                    fns["group_forward_state"] = state_only
+                times = interleaved(fns, rounds, min_s, sync)
+                for op, ts in times.items():
+                    st = harness.stats(ts)
+                    rows.append(harness.row(BENCH, op=op, provider=prov, shape=f"C={C},N={N}", dtype="float32",
+                                            device=dev.type, stats=st))
+                ratio = lambda op: statistics.median(f / u for f, u in zip(times[op], times["group_update"]))  # noqa: E731
+                extra = f", state only {ratio('group_forward_state'):.2f}x" if "group_forward_state" in times else ""
+                print(f"{BENCH}: C={C:<5d} N={N:<6d} {prov:<18s} update {statistics.median(times['group_update']) * 1e6:9.1f} us"
+                      f"  forward {statistics.median(times['group_forward']) * 1e6:9.1f} us  "
+                      f"forward/update {ratio('group_forward'):.2f}x{extra}", flush=True)
+                del grp
+    harness.write_csv(a.out, rows)
+    print(f"{BENCH}: wrote {a.out} ({len(rows)} rows)")
+    if not a.tiny:
+        png = harness.plot(a.out, Path(a.out).with_suffix(".png"), x="N", panels="op",
+                           title="group update vs forward (update + batch values), interleaved")
+        print(f"{BENCH}: wrote {png}")
+    return 0
+
+
 def main(argv=None) -> int:
     a = parse(argv)
     if a.seg_peak:
         return segmentation_peak_child(a)
     if a.threads:
         torch.set_num_threads(a.threads)
+    if a.forward:
+        return main_forward(a)
     timing = harness.Timing.tiny() if a.tiny else (harness.Timing.quick() if a.quick else harness.Timing())
     rows, dev = [], torch.device(a.device)
     sync = torch.cuda.synchronize if dev.type == "cuda" else None

@@ -19,7 +19,7 @@ _NAMES = {
     "DistributedContext": "d9d_kernels.distributed",
     "Metric": "d9d_kernels.core.metric",
     "MetricGroup": "d9d_kernels.core.group",
-    **{n: "d9d_kernels.metrics.aggregation" for n in ("SumMetric", "WeightedMeanMetric", "MaxMetric", "MinMetric")},
+    **{n: "d9d_kernels.metrics.aggregation" for n in ("SumMetric", "WeightedMeanMetric", "MeanMetric", "MaxMetric", "MinMetric")},
     **{
         n: "d9d_kernels.metrics.catalogue"
         for n in (
@@ -27,6 +27,8 @@ _NAMES = {
             "MatthewsCorrCoef", "CohenKappa", "ConfusionMatrix", "AUROC", "AveragePrecision",
             "MeanSquaredError", "MeanAbsoluteError", "R2Score", "PearsonCorrCoef", "ExplainedVariance",
             "Perplexity",
+            "CalibrationError", "Dice", "DiceScore", "GeneralizedDiceScore", "MeanIoU", "KLDivergence",
+            "CosineSimilarity", "MeanAbsolutePercentageError", "SymmetricMeanAbsolutePercentageError", "RunningMean",
         )
     },
 }

@@ -87,7 +87,7 @@ def saved_world_size(checkpoint_id, key: str) -> int:
 
     reader = FileSystemReader(checkpoint_id) if not hasattr(checkpoint_id, "read_metadata") else checkpoint_id
     meta = reader.read_metadata()
-    pat = re.compile(re.escape(key) + r"\.rank_(\d+)\.")
+    pat = re.compile(re.escape(key) + r"\.rank_(\d+)(\.|$)")  # a rank entry is one object (StateEntry)
     ranks = [int(m.group(1)) for k in meta.state_dict_metadata for m in [pat.match(k)] if m]
     if not ranks:
         raise ValueError(f"no metric state saved under {key!r} in {checkpoint_id}")

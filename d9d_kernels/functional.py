@@ -1,4 +1,4 @@
-"""Functional collectives over dicts of tensors (API.md section 5).
+"""Functional collectives over dicts of tensors.
 
 Every call packs the whole dict and communicates with ONE collective per
 reduction kind, whatever the number of keys:

@@ -42,12 +42,12 @@ import torch
 NUM_CLASSES = 20
 FEATURES = 128
 HIDDEN = 512
-# AUROC histogram [2, C, bins] float64 = 3.2 MB at C=20. 10k bins: the resolution
-# API.md promises 1e-3 at (1k bins missed it by 4.6e-3 on an untrained model at
-# C=100, where softmax scores sit near 1/C); C=100 with 10k bins made the 16 MB
-# snapshot + sync dominate the logging steps (34 ms local sync+compute).
+# AUROC histogram [2, C, bins] float64 = 3.2 MB at C=20. 10k bins give the
+# documented 1e-3 resolution (softmax scores of an untrained model sit near
+# 1/C, where coarser bins lose it); C stays small so that the histogram's
+# snapshot and sync do not dominate the logging steps.
 AUROC_BINS = 10_000
-# exact-count metrics must agree to float32 rounding; binned AUROC to 1e-3 (API.md §4)
+# exact-count metrics must agree to float32 rounding; binned AUROC to 1e-3 (docs/metrics.md)
 TOL = {"auroc": 1e-3}
 TOL_DEFAULT = 1e-5
 KEYS = ("loss", "acc", "top5", "f1", "auroc", "gnorm_max", "samples")

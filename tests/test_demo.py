@@ -5,6 +5,7 @@ No timing is asserted (the overhead figures are reported, not tested).
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -14,6 +15,13 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def _demo_module():
+    spec = importlib.util.spec_from_file_location("d9d_demo", ROOT / "examples" / "demo.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 @pytest.mark.timeout(600)
@@ -50,11 +58,40 @@ def test_demo_quick(tmp_path):
         assert st["steps"] > 0 and st["p20_ms"] <= st["median_ms"] <= st["p80_ms"]
 
 
-def test_demo_rejects_bad_flags():
+def test_demo_rejects_bad_flags(tmp_path):
+    """The CLI stops at argument parsing: usage error (exit 2) naming the flag, no traceback, nothing written."""
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.run([sys.executable, "examples/demo.py", "--world-size", "0"],
+    out = tmp_path / "demo"
+    proc = subprocess.run([sys.executable, "examples/demo.py", "--world-size", "0", "--out", str(out)],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
-    # argparse's usage error: exit status 2 and a message naming the flag, before any rank starts
     assert proc.returncode == 2, proc.stderr
-    assert "--world-size" in proc.stderr and "must be >= 1" in proc.stderr, proc.stderr
-    assert "step" not in proc.stdout
+    assert "usage: python examples/demo.py" in proc.stderr
+    assert "--world-size" in proc.stderr.splitlines()[-1] and ">= 1" in proc.stderr
+    assert "Traceback" not in proc.stderr and not out.exists()
+
+
+@pytest.mark.parametrize("argv,flag", [
+    (["--world-size", "0"], "--world-size"),
+    (["--steps", "0"], "--steps"),
+    (["--log-every", "-3"], "--log-every"),
+    (["--steps", "ten"], "--steps"),
+    (["--timeout", "soon"], "--timeout"),
+    (["--no-such-flag"], "--no-such-flag"),
+])
+def test_demo_flag_errors_name_the_flag(argv, flag, capsys):
+    demo = _demo_module()
+
+    with pytest.raises(SystemExit) as e:
+        demo._parse(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage:") and flag in err.splitlines()[-1], err
+
+
+def test_demo_good_flags_parse():
+    demo = _demo_module()
+
+    a = demo._parse(["--quick", "--world-size", "3"])
+    assert (a.world_size, a.steps, a.log_every, a.quick) == (3, 40, 10, True)
+    a = demo._parse([])
+    assert (a.world_size, a.steps, a.log_every, a.quick) == (2, 300, 25, False)

@@ -9,13 +9,13 @@ namespace d9d {
 
 inline void check_binary_stats(const at::Tensor& preds, const at::Tensor& target,
                                const std::optional<at::Tensor>& mask, int64_t input_kind, const at::Tensor& state,
-                               const at::Tensor& bad) {
+                               const at::Tensor& bad, bool native_target = false) {
   const char* op = "binary_stats";
   const auto dev = preds.device();
   D9D_CHECK_TYPE(!preds.is_complex(), op, "preds", "must be real, got ", preds.scalar_type());
   D9D_CHECK(preds.dim() == 2, op, "preds", "must be 2-D [N, L] (the dk.ops wrapper reshapes), got shape ",
             preds.sizes());
-  check_index(op, "target", target);
+  if (!native_target) check_index(op, "target", target);  // the CUDA kernels also read int32/uint8/bool
   D9D_CHECK(target.sizes() == preds.sizes(), op, "target", "must have the shape of preds ", preds.sizes(),
             ", got ", target.sizes());
   check_device(op, "target", target, dev);
@@ -27,13 +27,13 @@ inline void check_binary_stats(const at::Tensor& preds, const at::Tensor& target
 
 inline void check_score_histogram(const at::Tensor& preds, const at::Tensor& target,
                                   const std::optional<at::Tensor>& mask, int64_t input_kind, bool multiclass,
-                                  const at::Tensor& hist, const at::Tensor& bad) {
+                                  const at::Tensor& hist, const at::Tensor& bad, bool native_target = false) {
   const char* op = "score_histogram";
   const auto dev = preds.device();
   check_floating(op, "preds", preds);
   D9D_CHECK(preds.dim() == 2, op, "preds", "must be 2-D [N, L] (the dk.ops wrapper reshapes), got shape ",
             preds.sizes());
-  check_index(op, "target", target);
+  if (!native_target) check_index(op, "target", target);  // the CUDA kernels also read int32/uint8/bool
   if (multiclass) {
     D9D_CHECK(target.dim() == 1 && target.size(0) == preds.size(0), op, "target",
               "must be [N] class indices when multiclass, N = ", preds.size(0), ", got ", target.sizes());

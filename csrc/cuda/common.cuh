@@ -9,6 +9,10 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <tuple>
 
 #include "../kernels/common.h"
 
@@ -70,6 +74,94 @@ __device__ inline void shared_flush(const double* s, double* g, int64_t n) {
   __syncthreads();
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
     if (s[i] != 0.0) atomicAdd(g + i, s[i]);
+  }
+}
+
+// Resident blocks per SM of `kernel` (occupancy API, host-only: no sync and
+// capturable), cached per (kernel, device, smem).
+inline int blocks_per_sm(const void* kernel, int threads, size_t smem) {
+  static std::mutex mu;
+  static std::map<std::tuple<const void*, int, int, size_t>, int> cache;
+  const auto key = std::make_tuple(kernel, static_cast<int>(c10::cuda::current_device()), threads, smem);
+  const std::lock_guard<std::mutex> lock(mu);
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  int per_sm = 0;
+  C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
+  cache.emplace(key, per_sm);
+  return per_sm;
+}
+
+// Blocks of one full wave of `kernel`, capped by the blocks `work` items
+// need: a grid-stride loop then runs every block to the end, no tail wave.
+template <class K>
+inline int one_wave(K kernel, int64_t work, int threads = kThreads, size_t smem = 0) {
+  const int per_sm = blocks_per_sm(reinterpret_cast<const void*>(kernel), threads, smem);
+  const int64_t sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  const int64_t want = (work + threads - 1) / threads;
+  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(want, sms * std::max(per_sm, 1))));
+}
+
+// 16-byte vectors of a 1-D input: [0, head) and [body_end, n) are scalar,
+// [head, body_end) is `nv` aligned vectors of kVec<T> elements. Every stream
+// that joins the vector loop must share x's alignment in elements, else
+// head = body_end = n (all scalar, the strided path).
+template <class T>
+constexpr int kVec = 16 / sizeof(T);
+
+struct VecSplit {
+  int64_t head, nv, body_end;
+  __host__ __device__ int64_t n_scalar(int64_t n) const { return head + (n - body_end); }
+  // The k-th scalar index.
+  __device__ int64_t scalar_index(int64_t k) const { return k < head ? k : body_end + (k - head); }
+};
+
+// Elements before the first 16-byte boundary of `p` (n if `p` is not even
+// element-aligned).
+template <class T>
+inline int64_t head_of(const void* p, int64_t n) {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  if (a % sizeof(T)) return n;
+  return std::min<int64_t>(n, static_cast<int64_t>(((16 - a % 16) % 16) / sizeof(T)));
+}
+
+// `p` (element size `bytes`, may be null) sits at the same offset modulo
+// `align` bytes as the vector start `head` of x: vector loads of it line up.
+inline bool lines_up(const void* p, int64_t head, int64_t bytes, int64_t align) {
+  return p == nullptr || (reinterpret_cast<uintptr_t>(p) + head * bytes) % align == 0;
+}
+
+template <class T>
+inline VecSplit vec_split(const T* x, int64_t n, bool vector_ok) {
+  if (!vector_ok) return VecSplit{n, 0, n};
+  const int64_t head = head_of<T>(x, n);
+  const int64_t nv = (n - head) / kVec<T>;
+  return VecSplit{head, nv, head + nv * kVec<T>};
+}
+
+// One aligned 16-byte load (LDG.E.128) as kVec<T> elements.
+template <class T>
+__device__ inline void load_vec(const T* p, T (&out)[kVec<T>]) {
+  const uint4 raw = *reinterpret_cast<const uint4*>(p);
+  static_assert(sizeof(raw) == sizeof(out), "16-byte vector");
+  memcpy(&out, &raw, sizeof(raw));
+}
+
+// The kV mask bytes of one vector in a single load (kV = 2, 4, 8 or 16).
+template <int kV>
+__device__ inline void load_mask(const bool* m, bool (&out)[kV]) {
+  if constexpr (kV == 16) {
+    const uint4 raw = *reinterpret_cast<const uint4*>(m);
+    memcpy(&out, &raw, 16);
+  } else if constexpr (kV == 8) {
+    const uint2 raw = *reinterpret_cast<const uint2*>(m);
+    memcpy(&out, &raw, 8);
+  } else if constexpr (kV == 4) {
+    const uint32_t raw = *reinterpret_cast<const uint32_t*>(m);
+    memcpy(&out, &raw, 4);
+  } else {
+    const uint16_t raw = *reinterpret_cast<const uint16_t*>(m);
+    memcpy(&out, &raw, 2);
   }
 }
 

@@ -1,6 +1,7 @@
-// score_histogram on CUDA: per-block shared-memory [2, L, B] histograms when
-// they fit in 48 KiB, else global atomics. Binary/multilabel: grid-stride over
-// entries; multiclass: one warp per row (max, sum of exp, then binning).
+// score_histogram on CUDA: block-private uint32 [2, L, B] histograms in
+// shared memory (opt-in beyond 48 KiB: 2 x 10k bins fit), flushed once per
+// block as float64, else global atomics. Binary/multilabel: the entries walk
+// of binary_entries.cuh; multiclass: one warp per row.
 // INPUT_AUTO raises a device flag in a first kernel (no host sync).
 // Specification: d9d_kernels/reference.py::score_histogram.
 #include <ATen/Dispatch.h>
@@ -16,36 +17,42 @@ namespace {
 
 __device__ inline bool logits_of(const int* flag, bool fixed) { return flag ? (*flag != 0) : fixed; }
 
-template <class T>
-__global__ void entries_kernel(Entries<T> in, int64_t B, const int* flag, bool logits_fixed, bool shared_hist,
-                               double* hist, double* bad) {
-  extern __shared__ double sh[];
-  const int64_t slots = 2 * in.L * B;
-  double* h = shared_hist ? sh : hist;
-  if (shared_hist) shared_zero(sh, slots);
-  const bool logits = logits_of(flag, logits_fixed);
-  double nbad = 0.0;
-  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < in.n * in.L;
-       e += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t i = e / in.L, j = e % in.L;
-    const int64_t t = in.t(i, j);
-    if (!in.keep(i, j, t)) continue;
-    const double v = in.p(i, j);
-    if (!binary_entry_ok(t, v)) {
-      nbad += 1.0;
-      continue;
-    }
-    atomicAdd(h + hist_slot(t == 1, j, bin_of(to_prob(v, logits), B), in.L, B), 1.0);
+// Counters: block-private uint32 [2, L, B] histograms in (opt-in) shared
+// memory flushed once per block, else float64 global atomics.
+__device__ inline void count_bin(uint32_t* sh, double* hist, bool shared_hist, int64_t slot) {
+  if (shared_hist) {
+    atomicAdd(sh + slot, 1u);
+  } else {
+    atomicAdd(hist + slot, 1.0);
   }
-  if (shared_hist) shared_flush(sh, hist, slots);
-  __shared__ double scratch[kThreads / kWarp];
-  nbad = block_sum(nbad, scratch);
-  if (threadIdx.x == 0 && nbad != 0.0) atomicAdd(bad, nbad);
+}
+
+template <bool L1, class T, class TT>
+__global__ void __launch_bounds__(kThreads) entries_kernel(Entries<T, TT> in, Walk w, int64_t B, const int* flag,
+                                                           bool logits_fixed, bool shared_hist, double* hist,
+                                                           double* bad) {
+  extern __shared__ uint32_t sh[];
+  const int64_t L = L1 ? 1 : in.L;
+  const int64_t slots = 2 * L * B;
+  if (shared_hist) counters_zero(sh, slots);
+  const bool logits = logits_of(flag, logits_fixed);
+  uint32_t nbad = 0;
+  for_each_entry<L1>(in, w, [&](int64_t j, double v, int64_t t, bool keep) {
+    if (!keep) return;
+    if (!binary_entry_ok(t, v)) {
+      ++nbad;
+      return;
+    }
+    count_bin(sh, hist, shared_hist, hist_slot(t == 1, j, bin_of(to_prob(v, logits), B), L, B));
+  });
+  if (shared_hist) counters_flush(sh, hist, slots);
+  add_block_count(nbad, bad);
 }
 
 // Row i is valid: kept, target in [0, L), all scores finite (warp-uniform).
-template <class T>
-__device__ inline bool row_valid(const Entries<T>& in, int64_t i, int64_t t, int lane, double& mx, bool& outside) {
+template <class T, class TT>
+__device__ inline bool row_valid(const Entries<T, TT>& in, int64_t i, int64_t t, int lane, double& mx,
+                                 bool& outside) {
   bool finite = t >= 0 && t < in.L;
   mx = -INFINITY;
   outside = false;
@@ -64,8 +71,8 @@ __device__ inline bool row_valid(const Entries<T>& in, int64_t i, int64_t t, int
   return finite;
 }
 
-template <class T>
-__global__ void any_logit_rows_kernel(Entries<T> in, int* flag) {
+template <class T, class TT>
+__global__ void __launch_bounds__(kThreads) any_logit_rows_kernel(Entries<T, TT> in, int* flag) {
   const int lane = threadIdx.x % kWarp;
   const int64_t warps = int64_t(gridDim.x) * (blockDim.x / kWarp);
   for (int64_t i = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / kWarp; i < in.n; i += warps) {
@@ -80,23 +87,25 @@ __global__ void any_logit_rows_kernel(Entries<T> in, int* flag) {
   }
 }
 
-template <class T>
-__global__ void rows_kernel(Entries<T> in, int64_t B, const int* flag, bool logits_fixed, bool shared_hist,
-                            double* hist, double* bad) {
-  extern __shared__ double sh[];
+// Multiclass: one warp per row (max, sum of exp, then binning).
+template <class T, class TT>
+__global__ void __launch_bounds__(kThreads) rows_kernel(Entries<T, TT> in, int64_t B, const int* flag,
+                                                        bool logits_fixed, bool shared_hist, double* hist,
+                                                        double* bad) {
+  extern __shared__ uint32_t sh[];
   const int64_t slots = 2 * in.L * B;
-  double* h = shared_hist ? sh : hist;
-  if (shared_hist) shared_zero(sh, slots);
+  if (shared_hist) counters_zero(sh, slots);
   const bool logits = logits_of(flag, logits_fixed);
   const int lane = threadIdx.x % kWarp;
   const int64_t warps = int64_t(gridDim.x) * (blockDim.x / kWarp);
+  uint32_t nbad = 0;
   for (int64_t i = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / kWarp; i < in.n; i += warps) {
     const int64_t t = in.t(i, 0);
     if (!in.keep(i, 0, t)) continue;
     double mx;
     bool outside;
     if (!row_valid(in, i, t, lane, mx, outside)) {
-      if (lane == 0) atomicAdd(bad, 1.0);
+      nbad += lane == 0;
       continue;
     }
     double inv = 1.0;
@@ -108,46 +117,54 @@ __global__ void rows_kernel(Entries<T> in, int64_t B, const int* flag, bool logi
     for (int64_t j = lane; j < in.L; j += kWarp) {
       const double v = in.p(i, j);
       const double prob = logits ? exp(v - mx) * inv : v;
-      atomicAdd(h + hist_slot(j == t, j, bin_of(prob, B), in.L, B), 1.0);
+      count_bin(sh, hist, shared_hist, hist_slot(j == t, j, bin_of(prob, B), in.L, B));
     }
   }
-  if (shared_hist) shared_flush(sh, hist, slots);
+  if (shared_hist) counters_flush(sh, hist, slots);
+  add_block_count(nbad, bad);
 }
 
 void score_histogram_cuda(const at::Tensor& preds, const at::Tensor& target, const std::optional<at::Tensor>& mask,
                           std::optional<int64_t> ignore_index, int64_t input_kind, bool multiclass,
                           const at::Tensor& hist, const at::Tensor& bad) {
-  check_score_histogram(preds, target, mask, input_kind, multiclass, hist, bad);
+  check_score_histogram(preds, target, mask, input_kind, multiclass, hist, bad, native_target(target.scalar_type()));
   if (preds.numel() == 0) return;
   const at::cuda::CUDAGuard guard(preds.device());
   auto stream = at::cuda::getCurrentCUDAStream();
   const int64_t B = hist.size(2);
   const int64_t slots = 2 * preds.size(1) * B;
-  const bool shared_hist = slots <= kSharedSlots;
-  const size_t smem = shared_hist ? slots * sizeof(double) : 0;
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, preds.scalar_type(), "score_histogram_cuda", [&] {
-    const auto in = make_entries<scalar_t>(preds, target, mask, ignore_index);
+  // L = 1 only matters for the entries walk; rows always have L >= 1 labels.
+  D9D_DISPATCH_ENTRIES(preds.scalar_type(), target.scalar_type(), !multiclass && preds.size(1) == 1,
+                       "score_histogram_cuda", [&] {
+    const auto in = make_entries<T, TT>(preds, target, mask, ignore_index);
+    const int64_t entries = in.n * in.L;
     at::Tensor flag;
     if (input_kind == kInputAuto) flag = at::zeros({1}, target.options().dtype(at::kInt));
     int* fl = flag.defined() ? flag.data_ptr<int>() : nullptr;
     const bool fixed = input_kind == kInputLogits;
     if (multiclass) {
-      const int blocks = blocks_for(in.n * kWarp);
+      if (L1) return;  // not instantiated for rows: multiclass never takes the L1 branch
       if (fl) {
-        any_logit_rows_kernel<scalar_t><<<blocks, kThreads, 0, stream>>>(in, fl);
+        auto* k = any_logit_rows_kernel<T, TT>;
+        k<<<one_wave(k, in.n * kWarp), kThreads, 0, stream>>>(in, fl);
         C10_CUDA_KERNEL_LAUNCH_CHECK();
       }
-      rows_kernel<scalar_t><<<blocks, kThreads, smem, stream>>>(in, B, fl, fixed, shared_hist,
-                                                                hist.data_ptr<double>(), bad.data_ptr<double>());
+      auto* k = rows_kernel<T, TT>;
+      const size_t smem = counter_smem(k, slots);
+      k<<<counter_blocks(k, in.n * kWarp, entries, smem, slots), kThreads, smem,
+          stream>>>(in, B, fl, fixed, smem != 0, hist.data_ptr<double>(), bad.data_ptr<double>());
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     } else {
-      const int blocks = blocks_for(in.n * in.L);
+      const Walk walk = make_walk<T, TT>(preds, target, mask);
       if (fl) {
-        any_logit_kernel<scalar_t><<<blocks, kThreads, 0, stream>>>(in, fl);
+        auto* k = any_logit_kernel<L1, T, TT>;
+        k<<<one_wave(k, entries), kThreads, 0, stream>>>(in, walk, fl);
         C10_CUDA_KERNEL_LAUNCH_CHECK();
       }
-      entries_kernel<scalar_t><<<blocks, kThreads, smem, stream>>>(in, B, fl, fixed, shared_hist,
-                                                                   hist.data_ptr<double>(), bad.data_ptr<double>());
+      auto* k = entries_kernel<L1, T, TT>;
+      const size_t smem = counter_smem(k, slots);
+      k<<<counter_blocks(k, entries, entries, smem, slots), kThreads, smem, stream>>>(
+          in, walk, B, fl, fixed, smem != 0, hist.data_ptr<double>(), bad.data_ptr<double>());
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     }
   });

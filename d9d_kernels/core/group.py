@@ -26,28 +26,37 @@ from typing import Iterator
 
 import torch
 
-from d9d_kernels.core.metric import HostValues, Metric, _GroupBase, update_signature
+from d9d_kernels.core.metric import HostValues, Metric, _GroupBase, detach_from, positional_names, routed_error, update_signature
 from d9d_kernels.core.storage import Layout, Storage
 
 __all__ = ["MetricGroup"]
 
 
 class MetricGroup(_GroupBase):
-    """A ``Metric`` holding named members in one packed storage (API.md §3).
+    """A ``Metric`` holding named members in one packed storage.
 
     Args:
         metrics: ``{name: Metric}``; fresh metrics, not in another group.
         device: where the buffers live; default the members' common device
             (CPU if they differ or there are none).
+        prefix, postfix: added around the member names in the keys of
+            ``compute()``, ``forward`` and ``compute_to_host()`` results
+            (torchmetrics' ``MetricCollection(prefix=, postfix=)``); members
+            are still looked up by their own names (``g["acc"]``).
 
     ``update(**inputs)`` feeds every member whose ``update`` takes exactly
     these names (its required parameters ⊆ given ⊆ its parameters) and runs
-    each distinct (merged) statistic once. ``compute()`` returns
-    ``{name: tensor}``; ``compute_to_host()`` one handle for all of them.
+    each distinct (merged) statistic once. ``g(**inputs)`` (forward) does the
+    same and returns those members' values on this batch. ``compute()``
+    returns ``{name: tensor}``; ``compute_to_host()`` one handle for all.
     """
 
-    def __init__(self, metrics: dict[str, Metric], device: torch.device | str | None = None):
+    def __init__(self, metrics: dict[str, Metric], device: torch.device | str | None = None,
+                 prefix: str | None = None, postfix: str | None = None):
         super().__init__()
+        for arg, v in (("prefix", prefix), ("postfix", postfix)):
+            if v is not None and not isinstance(v, str):
+                raise TypeError(f"MetricGroup: argument {arg!r} must be a str or None, got {type(v).__name__}")
         if not isinstance(metrics, dict) or not metrics:
             raise ValueError("MetricGroup: argument 'metrics' must be a non-empty dict {name: Metric}")
         for name, m in metrics.items():
@@ -66,6 +75,9 @@ class MetricGroup(_GroupBase):
         d["_label"] = "MetricGroup"
         d["_sig_cache"] = {}
         d["_sigs"] = {name: update_signature(m) for name, m in metrics.items()}
+        d["prefix"] = prefix
+        d["postfix"] = postfix
+        d["_keys"] = {name: f"{prefix or ''}{name}{postfix or ''}" for name in metrics}
 
     def _statistics(self):
         return {}
@@ -77,11 +89,12 @@ class MetricGroup(_GroupBase):
         storage = Storage(layout, self._device, "MetricGroup")
         self.__dict__["_storage"] = storage
         self.__dict__["_stat_map"] = {}
-        for (label, m), smap in zip(owners, layout.maps):
+        for (name, m), (label, _), smap in zip(members.items(), owners, layout.maps):
             d = m.__dict__
             d["_storage"] = storage
             d["_stat_map"] = smap
             d["_group"] = self
+            d["_name"] = name
             d["_label"] = f"{label} ({type(m).__name__})"
 
     # -- mapping protocol -------------------------------------------------------
@@ -96,9 +109,6 @@ class MetricGroup(_GroupBase):
 
     def __contains__(self, name) -> bool:
         return name in self._members
-
-    def keys(self):
-        return self._members.keys()
 
     def items(self):
         return self._members.items()
@@ -118,8 +128,36 @@ class MetricGroup(_GroupBase):
             cache[names] = hit
         return hit
 
-    def update(self, **inputs) -> None:
-        """Feeds ``inputs`` to every member whose update takes exactly these names."""
+    def _name_positional(self, args: tuple, inputs: dict) -> dict:
+        """Positional inputs, as torchmetrics' ``MetricCollection(preds, target)``
+        takes them: named by the parameters every member's update has at
+        those positions (``preds, target`` for the classification family)."""
+        cache = self.__dict__.setdefault("_positional", {})
+        names = cache.get(len(args))
+        if names is None:
+            per_member = {n: positional_names(m)[: len(args)] for n, m in self._members.items()}
+            distinct = set(per_member.values())
+            if len(distinct) != 1 or len(next(iter(distinct))) < len(args):
+                seen = ", ".join(f"{n}: {list(v)}" for n, v in per_member.items())
+                raise TypeError(
+                    f"MetricGroup: {len(args)} positional input(s) need the same leading update parameters in "
+                    f"every member (here {seen}); pass the inputs by name, e.g. g.update(preds=..., target=...)"
+                )
+            names = cache[len(args)] = next(iter(distinct))
+        both = sorted(set(names) & set(inputs))
+        if both:
+            raise TypeError(f"MetricGroup: input(s) {both} given both by position and by name")
+        return {**dict(zip(names, args)), **inputs}
+
+    def update(self, *args, **inputs) -> None:
+        """Feeds ``inputs`` to every member whose update takes exactly these names.
+
+        An error raised by a member names it (``MetricGroup['mse']
+        (MeanSquaredError)``) and says ``g.update(**inputs)`` routed the
+        inputs there; no member's state is written before every routed
+        member's checks passed."""
+        if args:
+            inputs = self._name_positional(args, inputs)
         targets = self._targets(frozenset(inputs))
         if not targets:
             raise ValueError(f"MetricGroup.update: no member's update takes the inputs {sorted(inputs)}")
@@ -127,7 +165,13 @@ class MetricGroup(_GroupBase):
         try:
             for m in targets:
                 m.__dict__["_collector"] = collected
-                m.update(**inputs)
+                try:
+                    m.update(**inputs)
+                except Exception as e:  # noqa: BLE001 (re-raised with the member named)
+                    err = routed_error(e, m, f"g.update({', '.join(f'{k}=...' for k in inputs)})")
+                    if err is e:
+                        raise
+                    raise err from e
         finally:
             for m in targets:
                 m.__dict__["_collector"] = None
@@ -137,21 +181,59 @@ class MetricGroup(_GroupBase):
             items.extend((smap[name], kw) for name, kw in prepared.items())
         self._storage.run(items)
 
+    def forward(self, *args, **inputs) -> dict[str, torch.Tensor]:
+        """``g(**inputs)``: updates like ``g.update(**inputs)`` and returns
+        ``{key: value on this batch}`` for the members the inputs were routed
+        to (keys with prefix/postfix). One kernel call per merged statistic;
+        local to this rank (no sync). See ``Metric.forward``."""
+        if args:
+            inputs = self._name_positional(args, inputs)
+        st = self._storage
+        st.forward_begin()
+        ok = False
+        try:
+            self.update(**inputs)
+            ok = True
+        finally:
+            views = st.forward_end(fold=ok)
+        keys = self._keys
+        out = {}
+        for m in self._targets(frozenset(inputs)):
+            out[keys[m.__dict__["_name"]]] = m._compute_unchecked(m._states(views))
+        return detach_from(out, st)
+
     def compute(self) -> dict[str, torch.Tensor]:
-        """``{name: tensor}`` (synced after ``wait_sync``, else local)."""
-        return {n: m.compute() for n, m in self._members.items()}
+        """``{key: tensor}`` (synced after ``wait_sync``, else local); keys
+        are the member names with prefix/postfix."""
+        self._warn_unsynced()
+        keys = self._keys
+        return {keys[n]: m._checked_compute(m._states()) for n, m in self._members.items()}
+
+    def bad_input_counts(self) -> dict[str, dict[str, int]]:
+        """``{key: member.bad_input_counts()}`` for members that count bad inputs."""
+        out = {}
+        for n, m in self._members.items():
+            c = m.bad_input_counts()
+            if c:
+                out[self._keys[n]] = c
+        return out
+
+    def keys(self, keep_base: bool = True):
+        """Member names (``keep_base=False``: with prefix/postfix, the keys of results)."""
+        return self._members.keys() if keep_base else list(self._keys.values())
 
     def reset(self) -> None:
         self._storage.reset()
 
     def _host_items(self):
+        self._warn_unsynced()
         items, checks = [], []
         for n, m in self._members.items():
             states = m._states()
             bad = m._bad_count(states)
-            items.append((n, m._compute_unchecked(states)))
+            items.append((self._keys[n], m._compute_unchecked(states)))
             if bad is not None:
-                checks.append((m, bad))
+                checks.append((m, bad, m._bad_causes(states)))
         return items, checks
 
     def compute_to_host(self) -> HostValues:
@@ -160,5 +242,7 @@ class MetricGroup(_GroupBase):
         return super().compute_to_host()
 
     def __repr__(self) -> str:
-        inner = ", ".join(f"{n!r}: {m!r}" for n, m in self._members.items())
-        return f"MetricGroup({{{inner}}})"
+        inner = ",\n".join(f"    {n!r}: {m!r}" for n, m in self._members.items())
+        extra = "".join(f", {k}={v!r}" for k, v in (("prefix", self.prefix), ("postfix", self.postfix)) if v)
+        return f"MetricGroup({{\n{inner},\n}}{extra})"
+

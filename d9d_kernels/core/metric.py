@@ -41,8 +41,10 @@ Custom metrics with raw slots (no statistic): see ``Metric.add_state``.
 
 from __future__ import annotations
 
+import copy
 import inspect
 import math
+import warnings
 from typing import Any, Callable
 
 import torch
@@ -118,9 +120,10 @@ class HostValues:
             vals = flat[pos : pos + n]
             pos += n
             out[name] = vals[0] if len(shape) == 0 else torch.tensor(vals, dtype=torch.float64).reshape(shape).tolist()
-        for metric in self._checks:
-            metric._raise_if_bad(flat[pos])
-            pos += 1
+        for metric, causes in self._checks:
+            count = flat[pos]
+            metric._raise_if_bad(count, dict(zip(causes, flat[pos + 1 : pos + 1 + len(causes)])))
+            pos += 1 + len(causes)
         return out[None] if self._single else out
 
 
@@ -140,7 +143,7 @@ class _MetricMeta(type):
 
 
 class Metric(metaclass=_MetricMeta):
-    """Base class of every metric and of ``MetricGroup`` (API.md §1).
+    """Base class of every metric and of ``MetricGroup``.
 
     Lifecycle: ``update(...)`` -> ``trigger_sync(ctx)`` -> ``wait_sync(ctx)`` ->
     ``compute()``; ``reset()``; ``state_dict()``/``load_state_dict()``
@@ -261,9 +264,10 @@ class Metric(metaclass=_MetricMeta):
         m = self._stat_map
         self._storage.run([(m[name], kw) for name, kw in prepared.items()])
 
-    def _states(self):
+    def _states(self, views=None):
         st = self._storage
-        views = st.current_views()
+        if views is None:
+            views = st.current_views()
         out = {}
         for name, stat in self._stats().items():
             j = self._stat_map[name]
@@ -278,9 +282,63 @@ class Metric(metaclass=_MetricMeta):
             return None
         return torch.stack(bads).sum()
 
-    def _raise_if_bad(self, count: float) -> None:
+    def _raise_if_bad(self, count: float, causes: dict[str, float] | None = None) -> None:
         if count != 0:  # NaN counts (impossible) also raise
-            raise ValueError(self._bad_message(int(count) if math.isfinite(count) else count))
+            msg = self._bad_message(int(count) if math.isfinite(count) else count)
+            raise ValueError(msg + bad_causes_hint(causes, self.nan_strategy))
+
+    def _bad_causes(self, states) -> dict[str, torch.Tensor]:
+        """Device counts of bad inputs by cause (float64 0-d tensors).
+
+        Statistics count every bad element/row in their ``bad`` slot; one
+        with a ``count_nonfinite`` flag (the classification, ranking and
+        perplexity statistics) counts out-of-range targets and NaN/Inf score
+        rows there and, when it keeps a ``nonfinite`` slot (nan_strategy
+        "ignore"/"propagate"), the NaN/Inf rows alone in it. Statistics
+        without the flag (moments, extrema) only count non-finite inputs."""
+        out: dict[str, torch.Tensor] = {}
+
+        def add(cause, t):
+            out[cause] = out[cause] + t if cause in out else t
+
+        stats = self._stats()
+        for name, s in states.items():
+            if "bad" not in s:
+                continue
+            bad = s["bad"].reshape(-1).sum()
+            if not hasattr(stats[name], "count_nonfinite"):
+                add("nonfinite_inputs", bad)
+            elif "nonfinite" in s:
+                nf = s["nonfinite"].reshape(-1).sum()
+                add("target_out_of_range", bad - nf)
+                add("nonfinite_preds", nf)
+            else:
+                add("target_out_of_range_or_nonfinite_preds", bad)
+        return out
+
+    def bad_input_counts(self) -> dict[str, int]:
+        """Bad inputs counted since the last ``reset()``, by cause; never raises.
+
+        Keys: ``"nonfinite_inputs"`` (NaN/Inf values, preds, targets or
+        weights of aggregation / regression metrics), ``"target_out_of_range"``
+        and ``"nonfinite_preds"`` (classification, ranking, perplexity with
+        ``nan_strategy`` "ignore"/"propagate"), or
+        ``"target_out_of_range_or_nonfinite_preds"`` (with ``nan_strategy="error"``
+        the kernels count both in one slot). Reads the counts on the host
+        (one small copy): call it when logging, not every step.
+
+        Example:
+            >>> import torch, d9d_kernels as dk
+            >>> m = dk.Accuracy(task="multiclass", num_classes=3, nan_strategy="ignore")
+            >>> m.update(torch.tensor([0, 1]), torch.tensor([0, 7]))
+            >>> m.bad_input_counts()
+            {'target_out_of_range': 1, 'nonfinite_preds': 0}
+        """
+        causes = self._bad_causes(self._states())
+        if not causes:
+            return {}
+        vals = torch.stack(list(causes.values())).tolist()
+        return {k: int(v) if math.isfinite(v) else v for k, v in zip(causes, vals)}
 
     def _compute_unchecked(self, states):
         if _CUSTOM in states and len(states) == 1 and self.__dict__["_custom_slots"]:
@@ -319,12 +377,168 @@ class Metric(metaclass=_MetricMeta):
         sync.wait(self._storage)
 
     def compute(self) -> torch.Tensor:
-        """Synced value after ``wait_sync`` (until the next update), else local."""
-        states = self._states()
+        """Synced value after ``wait_sync`` (until the next update), else local.
+
+        In a multi-rank job (torch.distributed initialised, world size > 1)
+        a compute() on state updated since the last sync returns this rank's
+        local value and warns once per metric: use ``sync_and_compute(ctx)``
+        (or trigger_sync / wait_sync) for the global value."""
+        self._warn_unsynced()
+        return self._checked_compute(self._states())
+
+    def _checked_compute(self, states):
         bad = self._bad_count(states)
         if bad is not None:
-            self._raise_if_bad(bad.item())
+            count = bad.item()
+            if count != 0:
+                causes = self._bad_causes(states)
+                vals = torch.stack(list(causes.values())).tolist() if causes else []
+                self._raise_if_bad(count, dict(zip(causes, vals)))
         return self._compute_unchecked(states)
+
+    def _warn_unsynced(self) -> None:
+        d = self.__dict__
+        if d.get("_warned_unsynced") or not self._storage.dirty:
+            return
+        world = sync.rank_world()[1]
+        if world > 1:
+            d["_warned_unsynced"] = True
+            warnings.warn(
+                f"{self._label}.compute(): this rank's local value (state updated since the last sync, "
+                f"world size {world}); call sync_and_compute(ctx) or trigger_sync(ctx)/wait_sync(ctx) first "
+                "for the global value. Warned once per metric.",
+                UserWarning,
+                stacklevel=3,
+            )
+
+    def sync_and_compute(self, ctx=None):
+        """``trigger_sync(ctx)``, ``wait_sync(ctx)``, ``compute()``: the global value."""
+        self.trigger_sync(ctx)
+        self.wait_sync(ctx)
+        return self.compute()
+
+    # -- forward: update AND this batch's value ---------------------------------
+    def __call__(self, *args, **kwargs):
+        return self.forward(*args, **kwargs)
+
+    def forward(self, *args, **kwargs):
+        """Accumulates the batch (like ``update``) and returns ITS value (like
+        torchmetrics' ``forward`` / ``metric(...)``).
+
+        One kernel call per statistic: the update runs on a scratch copy of
+        the state buffers (reset; pivots from the state), which is then
+        folded into the state (sums added, maxima maxed); the batch value is
+        computed from the scratch as ``compute()`` is from the state. No host
+        sync; data errors (NaN under ``nan_strategy="error"``, out-of-range
+        classes) are counted and raised by ``compute()``, not here. The value
+        is this rank's batch only (torchmetrics' ``dist_sync_on_step=False``).
+
+        Example:
+            >>> import torch, d9d_kernels as dk
+            >>> m = dk.SumMetric()
+            >>> m(torch.tensor([1.0, 2.0])).item(), m(torch.tensor([4.0])).item(), m.compute().item()
+            (3.0, 4.0, 7.0)
+        """
+        st = self._storage
+        st.forward_begin()
+        ok = False
+        try:
+            self.update(*args, **kwargs)
+            ok = True
+        finally:
+            views = st.forward_end(fold=ok)
+        return detach_from(self._compute_unchecked(self._states(views)), st)
+
+    # -- conveniences ---------------------------------------------------------------
+    def clone(self) -> "Metric":
+        """An independent deep copy (state included). A member of a group is
+        copied with its group (the copy's update feeds the members it shares
+        statistics with there, as in the original)."""
+        if self._group is not None:
+            g = self._group
+            name = next(n for n, m in g.items() if m is self)
+            return copy.deepcopy(g)[name]
+        return copy.deepcopy(self)
+
+    def merge_state(self, other) -> None:
+        """Adds ``other``'s local state into this one, exactly: counts and
+        sums added, maxima maxed, moment sums re-centred to one pivot first.
+
+        Args:
+            other: a metric (or group) of the same schema: same class and
+                state configuration (a group: same member names, order and
+                classes), or this metric's ``state_dict()``.
+
+        Raises ``ValueError`` naming the difference when the schemas differ.
+        The result is local state (sync again for a global value)."""
+        st = self._storage
+        if isinstance(other, dict):
+            self._merge_state_dict(other)
+            return
+        if not isinstance(other, Metric):
+            raise TypeError(f"{self._label}.merge_state: argument 'other' must be a Metric or a state_dict, "
+                            f"got {type(other).__name__}")
+        if other is self or other._storage is st:
+            raise ValueError(f"{self._label}.merge_state: 'other' shares this metric's state (it is the same metric "
+                             "or in the same group); clone() it first")
+        if isinstance(self, _GroupBase) != isinstance(other, _GroupBase):
+            raise ValueError(f"{self._label}.merge_state: cannot merge a {type(other).__name__} into a "
+                             f"{type(self).__name__}: merge groups with groups and metrics with metrics")
+        if isinstance(self, _GroupBase):
+            if list(self.keys()) != list(other.keys()):
+                raise ValueError(f"{self._label}.merge_state: members differ: {list(self.keys())} vs {list(other.keys())}")
+            pairs = [(a, b) for a, b in zip(self.values(), other.values())]
+        else:
+            pairs = [(self, other)]
+        plan = []
+        for a, b in pairs:
+            if type(a) is not type(b):
+                raise ValueError(f"{a._label}.merge_state: expected a {type(a).__name__}, got {type(b).__name__}")
+            for name, j in a._stat_map.items():
+                jo = b._stat_map.get(name)
+                sa = a._storage.layout.stats[j]
+                sb = None if jo is None else b._storage.layout.stats[jo]
+                if sb is None or sa.schema() != sb.schema():
+                    raise ValueError(
+                        f"{a._label}.merge_state: state '{name}' differs: {sa.schema()} here vs "
+                        f"{None if sb is None else sb.schema()} in {b._label} (different configuration, or "
+                        "statistics shared with other members of a group)"
+                    )
+                plan.append((a._storage, j, b._storage, jo))
+        done = set()
+        for sa, j, sb, jo in plan:
+            if (id(sa), j) not in done:
+                done.add((id(sa), j))
+                sa.merge_stat(j, sb, jo)
+
+    def _merge_state_dict(self, sd: dict) -> None:
+        st = self._storage
+        if self._group is not None:
+            raise ValueError(f"{self._label}.merge_state: a state_dict merges into the whole group; call it on the group")
+        schema = sd.get("schema")
+        if schema is not None and schema != st.layout.fingerprint:
+            raise ValueError(f"{self._label}.merge_state: state_dict schema {schema} does not match this metric's "
+                             f"{st.layout.fingerprint} (different members, order or configuration)")
+        entries = [sd[k] for k in sorted((k for k in sd if k.startswith("rank_")), key=lambda k: int(k[5:]))]
+        st.load_entries([st.entry(), *entries])
+        st.dirty = True
+
+    def plot(self, values=None, ax=None):
+        """Plots with matplotlib (optional dependency); returns ``(fig, ax)``
+        like torchmetrics.
+
+        Args:
+            values: ``None`` (plot ``compute()``), one result, or a list of
+                results (e.g. the batch values of ``forward``) plotted over
+                steps. A 2-d value (confusion matrix) is drawn as a heat map;
+                a group's dict results give one line per member.
+            ax: an existing ``matplotlib.axes.Axes`` to draw into.
+        """
+        from d9d_kernels.core.plot import plot_values
+
+        if values is None:
+            values = self.compute()
+        return plot_values(values, ax, title=self._label)
 
     def reset(self) -> None:
         """Clears local and synced state (device-side fills, no host sync).
@@ -355,8 +569,9 @@ class Metric(metaclass=_MetricMeta):
         """
         items, checks = self._host_items()
         flat = [v.detach().to(torch.float64).reshape(-1) for _, v in items]
-        for _, c in checks:
+        for _, c, causes in checks:
             flat.append(c.reshape(1))
+            flat.extend(t.reshape(1) for t in causes.values())
         packed = torch.cat(flat) if flat else torch.zeros(0, dtype=torch.float64)
         event = None
         if packed.is_cuda:
@@ -367,12 +582,15 @@ class Metric(metaclass=_MetricMeta):
         else:
             host = packed.to("cpu")
         return HostValues(host, [n for n, _ in items], [tuple(v.shape) for _, v in items],
-                          [m for m, _ in checks], event, single=not isinstance(self, _GroupBase))
+                          [(m, list(causes)) for m, _, causes in checks], event,
+                          single=not isinstance(self, _GroupBase))
 
     def _host_items(self):
+        self._warn_unsynced()
         states = self._states()
         bad = self._bad_count(states)
-        return [(None, self._compute_unchecked(states))], ([] if bad is None else [(self, bad)])
+        checks = [] if bad is None else [(self, bad, self._bad_causes(states))]
+        return [(None, self._compute_unchecked(states))], checks
 
     # -- checkpoint -----------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -409,18 +627,113 @@ class Metric(metaclass=_MetricMeta):
         st.load_entries([state_dict[k] for k in keys])
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}()"
+        """The class with the constructor arguments that differ from their
+        defaults (required ones always), e.g. ``Accuracy(task='multiclass',
+        num_classes=10, top_k=5)``."""
+        return f"{type(self).__name__}({', '.join(config_args(self))})"
 
 
 class _GroupBase(Metric):
     """Marker base for MetricGroup (defined in d9d_kernels.core.group)."""
 
 
+def routed_error(e: Exception, member: Metric, how: str | None) -> Exception:
+    """``e`` re-made with the group member's label (and how the inputs got
+    there: ``how``, or a direct ``.update``) in front of its message (same
+    type; other exception types get a note instead)."""
+    label = member._label
+    msg = str(e)
+    if label in msg:  # already named (aggregation messages, routed twice)
+        if how is None:
+            return e
+        if msg.startswith(label):
+            msg = msg[len(label):]
+            msg = msg[len(".update"):] if msg.startswith(".update") else msg
+            msg = msg.lstrip(" .:")
+    else:  # catalogue messages start with the class name: the label already says it
+        cls = type(member).__name__
+        if msg.startswith(cls + ":"):
+            msg = msg[len(cls) + 1:].lstrip()
+    text = f"{label}.update: {msg}" if how is None else f"{label} (inputs routed there by {how}): {msg}"
+    if type(e) in (ValueError, TypeError, RuntimeError, IndexError, KeyError, NotImplementedError):
+        return type(e)(text)
+    e.add_note(text)
+    return e
+
+
+def config_args(metric: Metric) -> list[str]:
+    """``name=value`` for each ``__init__`` parameter stored as an attribute
+    of the same name whose value is not the default (required: always)."""
+    out = []
+    try:
+        params = inspect.signature(type(metric).__init__).parameters.values()
+    except (TypeError, ValueError):
+        return out
+    d = metric.__dict__
+    for p in params:
+        if p.name == "self" or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) or p.name not in d:
+            continue
+        v = d[p.name]
+        if p.default is p.empty or not _same(v, p.default):
+            out.append(f"{p.name}={v!r}")
+    return out
+
+
+def _same(a, b) -> bool:
+    try:
+        return bool(a == b) and type(a) is type(b)
+    except Exception:  # noqa: BLE001 (tensors, arrays: shown)
+        return False
+
+
+#: fixes named by compute()'s bad-input error, per cause
+_FIXES = {
+    "target_out_of_range": "pass ignore_index=<value> if those targets are padding, else fix the labels "
+    "(class indices must lie in [0, num_classes))",
+    "nonfinite_preds": "nan_strategy='ignore' leaves NaN/Inf rows out, 'propagate' makes the value NaN",
+    "target_out_of_range_or_nonfinite_preds": "pass ignore_index=<value> for padding targets; "
+    "nan_strategy='ignore' leaves NaN/Inf score rows out (and counts both causes apart: bad_input_counts())",
+    "nonfinite_inputs": "nan_strategy='ignore' leaves NaN/Inf elements out, 'propagate' lets them into the value",
+}
+
+
+def bad_causes_hint(causes: dict[str, float] | None, nan_strategy: str) -> str:
+    """``"; by cause: a=1, b=0. Fix: ...; reset() clears the counts"``."""
+    if not causes:
+        return ". reset() clears the counts (they stay until then)"
+    parts = ", ".join(f"{k}={int(v) if math.isfinite(v) else v}" for k, v in causes.items())
+    fixes = [_FIXES[k] for k, v in causes.items() if v != 0 and k in _FIXES]
+    if nan_strategy != "error":
+        fixes = [f for f in fixes if not f.startswith("nan_strategy")]
+    fix = "; ".join(fixes)
+    return f"; by cause: {parts}. Fix: {fix + '; ' if fix else ''}reset() clears the counts (they stay until then)"
+
+
+def detach_from(value, st: Storage):
+    """``value`` (a tensor or a dict of them) with any view of ``st``'s
+    scratch buffers cloned: the next forward overwrites the scratch."""
+    if isinstance(value, dict):
+        return {k: detach_from(v, st) for k, v in value.items()}
+    if isinstance(value, torch.Tensor) and st.scratch is not None:
+        ptr = value.untyped_storage().data_ptr()
+        if any(ptr == b.untyped_storage().data_ptr() for b in st.scratch.values()):
+            return value.clone()
+    return value
+
+
+def _update_fn(metric: Metric) -> Callable:
+    return metric._update if type(metric).update is Metric.update else metric.update
+
+
+def positional_names(metric: Metric) -> tuple[str, ...]:
+    """The names of a metric's update parameters that can be given by position, in order."""
+    return tuple(p.name for p in inspect.signature(_update_fn(metric)).parameters.values()
+                 if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
+
+
 def update_signature(metric: Metric) -> tuple[frozenset, frozenset, bool]:
     """(required names, all names, takes **kwargs) of a metric's update."""
-    fn: Callable = metric.update
-    if type(metric).update is Metric.update:
-        fn = metric._update
+    fn = _update_fn(metric)
     req, allp, var = set(), set(), False
     for p in inspect.signature(fn).parameters.values():
         if p.kind == p.VAR_KEYWORD:

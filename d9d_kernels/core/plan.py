@@ -56,10 +56,11 @@ def input_key(owner: int, args: tuple, kwargs: dict) -> tuple | None:
 class Plan:
     """Steps ``(stat index, bound call, kwarg sources)`` of one signature."""
 
-    __slots__ = ("steps",)
+    __slots__ = ("steps", "stats")
 
     def __init__(self, steps):
         self.steps = steps
+        self.stats = tuple(j for j, _, _ in steps)
 
     @staticmethod
     def build(storage, recorded, args: tuple, kwargs: dict) -> "Plan | None":
@@ -85,12 +86,29 @@ class Plan:
         return Plan(tuple(steps)) if steps else None
 
     def run(self, storage, args: tuple, kwargs: dict) -> None:
+        if storage.touched is not None:  # inside a forward: the statistics whose scratch it folds
+            storage.touched.update(self.stats)
         views = storage.local_views
         for j, fn, spec in self.steps:
             kw = {name: (None if by_name is None else kwargs[src] if by_name else args[src])
                   for name, by_name, src in spec}
             fn(views[j], kw)
         storage.dirty = True
+
+
+def _checked(update, self, args, kwargs):
+    """The metric's own ``update``; a group member's errors name the member."""
+    try:
+        return update(self, *args, **kwargs)
+    except Exception as e:
+        if self.__dict__.get("_group") is None:
+            raise
+        from d9d_kernels.core.metric import routed_error
+
+        err = routed_error(e, self, None)
+        if err is e:
+            raise
+        raise err from e
 
 
 def planned(update):
@@ -104,16 +122,16 @@ def planned(update):
             return update(self, *args, **kwargs)
         key = input_key(id(self), args, kwargs)
         if key is None:
-            return update(self, *args, **kwargs)
+            return _checked(update, self, args, kwargs)
         plans = storage.plans
         plan = plans.get(key)
         if plan is not None:
             if plan is _UNPLANNED:
-                return update(self, *args, **kwargs)
+                return _checked(update, self, args, kwargs)
             return plan.run(storage, args, kwargs)
         storage.recording = recorded = []
         try:
-            update(self, *args, **kwargs)
+            _checked(update, self, args, kwargs)
         finally:
             storage.recording = None
         if len(plans) < MAX_PLANS:

@@ -21,7 +21,7 @@ import torch
 
 from d9d_kernels.core.statistic import KINDS, MAX, REPLICA, SUM, Slot, Statistic
 
-__all__ = ["Layout", "Storage", "numel"]
+__all__ = ["Layout", "Storage", "StateEntry", "numel", "check_fits", "format_bytes"]
 
 
 def numel(shape) -> int:
@@ -51,18 +51,26 @@ class Layout:
             self.maps.append(m)
         self.sizes = {k: 0 for k in KINDS}
         self.placed: list[list[tuple[Slot, int]]] = []
-        inits: dict[str, list[float]] = {k: [] for k in KINDS}
+        # reset values as runs (offset, length, value), not one float per
+        # element: a [200000, 200000] confusion matrix must fail with a clear
+        # message, not build a Python list of 4e10 floats first
+        runs: dict[str, list[list]] = {k: [] for k in KINDS}
         for stat in self.stats:
             placed = []
             for s in stat.slots():
                 if s.kind not in KINDS:
                     raise ValueError(f"{type(stat).__name__}: slot {s.name!r} has unknown kind {s.kind!r}")
-                n = numel(s.shape)
-                placed.append((s, self.sizes[s.kind]))
+                n, o, v = numel(s.shape), self.sizes[s.kind], float(s.init)
+                placed.append((s, o))
                 self.sizes[s.kind] += n
-                inits[s.kind].extend([float(s.init)] * n)
+                r = runs[s.kind]
+                if r and (r[-1][2] == v or (math.isnan(v) and math.isnan(r[-1][2]))):
+                    r[-1][1] += n
+                elif n:
+                    r.append([o, n, v])
             self.placed.append(placed)
-        self.inits = inits
+        self.init_runs = {k: [tuple(r) for r in v] for k, v in runs.items()}
+        self.zero_init = {k: all(v == 0.0 for _, _, v in self.init_runs[k]) for k in KINDS}
         lines = ["float64"]
         for i, (label, metric) in enumerate(owners):
             m = self.maps[i]
@@ -83,6 +91,97 @@ class Layout:
     def has_replica(self, j: int) -> bool:
         return any(s.kind == REPLICA for s, _ in self.placed[j])
 
+    def state_bytes(self) -> int:
+        """Bytes of one copy of the state (all kinds, float64)."""
+        return 8 * sum(self.sizes.values())
+
+    def largest_slot(self) -> str:
+        """``"<statistic>.<slot> [shape]"`` of the largest slot (for messages)."""
+        best = max(((numel(s.shape), j, s) for j, p in enumerate(self.placed) for s, _ in p), default=None,
+                   key=lambda t: t[0])
+        if best is None:
+            return "no slots"
+        _, j, s = best
+        return f"{type(self.stats[j]).__name__}.{s.name} {list(s.shape)}"
+
+
+def format_bytes(n: float) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}" if n < 100 * scale else f"{n / scale:.0f} {unit}"
+    return f"{int(n)} B"
+
+
+#: buffers a storage holds per state copy: local, reset values, two sync snapshots
+STATE_COPIES = 4
+#: ceiling on one metric's state when the free memory cannot be read
+STATE_CAP_BYTES = 64 * 2**30
+
+
+def available_bytes(device: torch.device) -> int | None:
+    """Free memory on ``device`` (CPU: MemAvailable; CUDA: mem_get_info), or None."""
+    try:
+        if device.type == "cuda":
+            return int(torch.cuda.mem_get_info(device)[0])
+        if device.type == "cpu":
+            with open("/proc/meminfo") as f:
+                for line in f:
+                    if line.startswith("MemAvailable:"):
+                        return int(line.split()[1]) * 1024
+    except (OSError, RuntimeError, ValueError):
+        return None
+    return None
+
+
+def check_fits(layout: "Layout", device: torch.device, label: str) -> None:
+    """Raises ``ValueError`` naming the state size before anything is
+    allocated when the buffers could not fit in memory."""
+    one = layout.state_bytes()
+    need = STATE_COPIES * one
+    avail = available_bytes(device)
+    limit = STATE_CAP_BYTES * STATE_COPIES if avail is None else avail
+    if need <= limit:
+        return
+    where = f"{format_bytes(avail)} available on {device}" if avail is not None else \
+        f"the {format_bytes(limit)} cap (free memory of {device} unknown)"
+    raise ValueError(
+        f"{label}: needs {format_bytes(one)} of float64 state (largest slot: {layout.largest_slot()}), "
+        f"{format_bytes(need)} with its {STATE_COPIES} buffers (local, reset values, 2 sync snapshots); "
+        f"that exceeds {where}. Reduce num_classes / num_bins, or use a metric with O(C) state "
+        "(e.g. F1Score instead of ConfusionMatrix)"
+    )
+
+
+class StateEntry:
+    """One rank's local buffers in a checkpoint: ``entry["sum"]`` etc.
+
+    Not a ``dict`` on purpose: ``torch.distributed.checkpoint`` saves it as
+    one pickled object rather than as shaped tensors, so loading it into a
+    metric of another schema reaches ``Metric.load_state_dict`` (and its
+    ``ValueError``) instead of failing in DCP's planner on a size mismatch.
+    """
+
+    def __init__(self, bufs: dict[str, torch.Tensor]):
+        self.bufs = dict(bufs)
+
+    def __getitem__(self, kind: str) -> torch.Tensor:
+        return self.bufs[kind]
+
+    def get(self, kind: str, default=None):
+        return self.bufs.get(kind, default)
+
+    def keys(self):
+        return self.bufs.keys()
+
+    def items(self):
+        return self.bufs.items()
+
+    def __contains__(self, kind) -> bool:
+        return kind in self.bufs
+
+    def __repr__(self) -> str:
+        return "StateEntry({" + ", ".join(f"{k!r}: f64{list(v.shape)}" for k, v in self.bufs.items()) + "})"
+
 
 class Storage:
     """One packed float64 buffer per kind + sync/flag bookkeeping."""
@@ -91,6 +190,7 @@ class Storage:
         self.layout = layout
         self.label = label
         self.device = torch.device(device)
+        check_fits(layout, self.device, label)
         self._alloc()
         self.synced: dict[str, torch.Tensor] | None = None
         self.synced_views: list[dict[str, torch.Tensor]] | None = None
@@ -99,19 +199,44 @@ class Storage:
         self.handshakes: dict[tuple, str] = {}
 
     def _alloc(self):
-        self.init = {k: torch.tensor(v, dtype=torch.float64, device=self.device) for k, v in self.layout.inits.items()}
-        self.local = {k: v.clone() for k, v in self.init.items()}
+        try:
+            self.init = {k: self._filled(k) for k in KINDS}
+            self.local = {k: v.clone() for k, v in self.init.items()}
+            # Two snapshot buffers, used in turn, with their views built once: a
+            # sync fills one while compute() may still read the other, and a wait
+            # costs no per-statistic Python.
+            self.snaps = [{k: torch.empty_like(v) for k, v in self.local.items()} for _ in range(2)]
+        except (MemoryError, torch.OutOfMemoryError, RuntimeError) as e:
+            if isinstance(e, RuntimeError) and "alloc" not in str(e).lower() and "memory" not in str(e).lower():
+                raise
+            raise ValueError(
+                f"{self.label}: needs {format_bytes(self.layout.state_bytes())} of float64 state (largest slot: "
+                f"{self.layout.largest_slot()}) and allocating its buffers on {self.device} failed: {e}"
+            ) from None
         self.local_views = [self.layout.views(self.local, j) for j in range(len(self.layout.stats))]
-        # Two snapshot buffers, used in turn, with their views built once: a
-        # sync fills one while compute() may still read the other, and a wait
-        # costs no per-statistic Python.
-        self.snaps = [{k: torch.empty_like(v) for k, v in self.local.items()} for _ in range(2)]
         self.snap_views = [[self.layout.views(b, j) for j in range(len(self.layout.stats))] for b in self.snaps]
         self.next_snap = 0
         self.fold_bufs: dict[tuple[int, int, int], list] = {}  # (snapshot, world, rank) -> sync.folded views
         self.world_ranks: dict[tuple, tuple[int, int]] = {}  # ctx.cache_key -> (world size, rank)
         self.plans: dict = {}  # d9d_kernels.core.plan: input signature -> Plan (buffers changed: start afresh)
         self.recording: list | None = None
+        self.scratch: dict[str, torch.Tensor] | None = None  # forward's batch state, allocated at the first forward
+        self.scratch_views: list[dict[str, torch.Tensor]] | None = None
+        self.scratch_dirty: tuple = ()  # ranges the last forward wrote (re-filled at the next)
+        self.saved_views: list | None = None  # local views while a forward runs on the scratch
+        self.touched: set | None = None  # statistics run during a forward
+        self.fold_cache: dict = {}  # frozenset of statistics -> _fold_ranges
+
+    def _filled(self, kind: str) -> torch.Tensor:
+        n = self.layout.sizes[kind]
+        runs = self.layout.init_runs[kind]
+        if len(runs) == 1 and runs[0][1] == n:
+            return torch.full((n,), runs[0][2], dtype=torch.float64, device=self.device)
+        buf = torch.zeros(n, dtype=torch.float64, device=self.device)
+        for o, m, v in runs:
+            if v != 0.0:
+                buf[o : o + m] = v
+        return buf
 
     # -- state ---------------------------------------------------------------
     def current_views(self) -> list[dict[str, torch.Tensor]]:
@@ -121,14 +246,165 @@ class Storage:
 
     def run(self, items: list[tuple[int, dict]]) -> None:
         done = set()
+        touched = self.touched
         for j, kwargs in items:
             if j in done:
                 continue
             done.add(j)
+            if touched is not None:
+                touched.add(j)
             self.layout.stats[j].update(self.local_views[j], **kwargs)
             if self.recording is not None:
                 self.recording.append((j, kwargs))
         self.dirty = True
+
+    # -- forward: the batch's state in a scratch copy, then folded in -------------
+    def forward_begin(self) -> None:
+        """Points the update at the scratch copy of the buffers (reset;
+        REPLICA slots: the local values, so batch moments share the state's
+        pivots) and starts recording which statistics the update runs.
+
+        The scratch is allocated at the first forward of this storage and
+        kept reset between forwards by re-filling only the ranges the last
+        forward wrote: a forward allocates nothing, and a small member's
+        forward never touches a large confusion matrix elsewhere in the group."""
+        if self.saved_views is not None:
+            raise RuntimeError(f"{self.label}: forward() called while another forward of the same storage runs")
+        sc = self.scratch
+        if sc is None:
+            try:
+                # normal tensors even inside torch.inference_mode(): a later
+                # forward outside it writes them in place
+                with torch.inference_mode(False):
+                    sc = {k: v.clone() for k, v in self.init.items()}
+            except (MemoryError, torch.OutOfMemoryError, RuntimeError) as e:
+                raise ValueError(
+                    f"{self.label}: forward() needs one more copy of the state ({format_bytes(self.layout.state_bytes())}"
+                    f" of float64) for the batch, and allocating it on {self.device} failed: {e}; use update() and "
+                    "compute() instead"
+                ) from None
+            self.scratch = sc
+            with torch.inference_mode(False):
+                self.scratch_views = [self.layout.views(sc, j) for j in range(len(self.layout.stats))]
+        else:
+            for kind, _, scr, init in self.scratch_dirty:
+                if kind != REPLICA:
+                    if init is None:
+                        scr.zero_()
+                    else:
+                        scr.copy_(init)
+        self.scratch_dirty = ()
+        if self.layout.sizes[REPLICA]:
+            sc[REPLICA].copy_(self.local[REPLICA])
+        self.touched = set()
+        self.saved_views = self.local_views
+        self.local_views = self.scratch_views
+
+    def forward_end(self, fold: bool = True) -> list[dict[str, torch.Tensor]]:
+        """Restores the local views and folds the scratch ranges of the
+        statistics the update ran into the local state (SUM added, MAX maxed,
+        REPLICA copied); returns the scratch views (the batch's state).
+
+        REPLICA: an update only sets *unset* values (a pivot is set from the
+        first valid element, then fixed), and a statistic with an unset pivot
+        holds sums about 0 (zero, or already non-finite), exactly what the
+        kernel would have added to had it run on the state: so copying the
+        scratch's pivots over is the direct update's result. ``fold=False``
+        (the update raised) leaves the state as it was."""
+        self.local_views = self.saved_views
+        self.saved_views = None
+        ranges = self._fold_ranges(frozenset(self.touched))
+        self.touched = None
+        self.scratch_dirty = ranges
+        if not fold:
+            return self.scratch_views
+        for kind, loc, scr, init in ranges:
+            if kind == SUM:
+                loc.add_(scr if init is None else scr - init)  # non-zero reset values: the batch's part only
+            elif kind == MAX:
+                torch.maximum(loc, scr, out=loc)
+            else:
+                loc.copy_(scr)
+        self.dirty = True
+        return self.scratch_views
+
+    def _fold_ranges(self, js: frozenset) -> tuple:
+        """``(kind, local view, scratch view, reset-value view or None)`` per
+        contiguous range of the statistics ``js`` (a statistic's slots of one
+        kind are adjacent; adjacent statistics merge into one range)."""
+        hit = self.fold_cache.get(js)
+        if hit is not None:
+            return hit
+        with torch.inference_mode(False):  # cached views: usable in and outside inference mode
+            hit = self.fold_cache[js] = self._make_fold_ranges(js)
+        return hit
+
+    def _make_fold_ranges(self, js: frozenset) -> tuple:
+        out = []
+        for kind in KINDS:
+            spans = []
+            for j in sorted(js):
+                offs = [(o, numel(s.shape)) for s, o in self.layout.placed[j] if s.kind == kind]
+                if offs:
+                    a = min(o for o, _ in offs)
+                    b = max(o + n for o, n in offs)
+                    if spans and spans[-1][1] == a:
+                        spans[-1][1] = b
+                    else:
+                        spans.append([a, b])
+            zero = self.layout.zero_init[kind]
+            for a, b in spans:
+                if b > a:
+                    init = None if zero else self.init[kind][a:b]
+                    out.append((kind, self.local[kind][a:b], self.scratch[kind][a:b], init))
+        return tuple(out)
+
+    # -- merge: another storage's state added into this one ------------------------
+    def merge_stat(self, j: int, other: "Storage", jo: int) -> None:
+        """Adds statistic ``jo`` of ``other`` (same schema) into statistic ``j``:
+        SUM added, MAX maxed, REPLICA aligned first (``choose_replica`` /
+        ``adopt_replica``, e.g. moment sums re-centred to one pivot). ``other``
+        is not modified."""
+        mine = self.local_views[j]
+        theirs = {k: v.to(self.device, copy=True) for k, v in other.local_views[jo].items()}
+        placed = self.layout.placed[j]
+        stat = self.layout.stats[j]
+        reps = [s.name for s, _ in placed if s.kind == REPLICA]
+        if reps:
+            chosen = stat.choose_replica([{n: mine[n] for n in reps}, {n: theirs[n] for n in reps}])
+            stat.adopt_replica(mine, chosen)
+            stat.adopt_replica(theirs, chosen)
+        for s, _ in placed:
+            if s.kind == SUM:
+                mine[s.name].add_(theirs[s.name])
+            elif s.kind == MAX:
+                torch.maximum(mine[s.name], theirs[s.name], out=mine[s.name])
+        self.dirty = True
+
+    def __deepcopy__(self, memo) -> "Storage":
+        """An independent copy (``Metric.clone``): same layout (its statistics
+        copied with ``memo``, so custom statistics point at the cloned metric),
+        fresh buffers with this state; plans and sync handles are not copied."""
+        import copy
+
+        if self.pending is not None:
+            raise RuntimeError(f"{self.label}: clone() while a sync is in flight; call wait_sync() first")
+        new = Storage.__new__(Storage)
+        memo[id(self)] = new
+        new.layout = copy.deepcopy(self.layout, memo)
+        new.label = self.label
+        new.device = self.device
+        new._alloc()
+        for k in KINDS:
+            new.local[k].copy_(self.local[k])
+        new.synced = None if self.synced is None else {k: v.clone() for k, v in self.synced.items()}
+        new.synced_views = None if new.synced is None else [
+            new.layout.views(new.synced, j) for j in range(len(new.layout.stats))
+        ]
+        new.pending = None
+        new.dirty = self.dirty
+        new.handshakes = dict(self.handshakes)
+        return new
 
     def reset(self) -> None:
         for k in (SUM, MAX):
@@ -162,11 +438,11 @@ class Storage:
         ]
 
     # -- checkpoint ----------------------------------------------------------
-    def entry(self) -> dict[str, torch.Tensor]:
-        return {k: self.local[k].detach().clone() for k in KINDS if self.layout.sizes[k]}
+    def entry(self) -> StateEntry:
+        return StateEntry({k: self.local[k].detach().clone() for k in KINDS if self.layout.sizes[k]})
 
-    def template_entry(self) -> dict[str, torch.Tensor]:
-        return {k: torch.empty_like(self.local[k]) for k in KINDS if self.layout.sizes[k]}
+    def template_entry(self) -> StateEntry:
+        return StateEntry({k: torch.empty_like(self.local[k]) for k in KINDS if self.layout.sizes[k]})
 
     def load_entries(self, entries: list[dict[str, torch.Tensor]]) -> None:
         """Replaces the local state by the merge (sum / max) of ``entries``."""

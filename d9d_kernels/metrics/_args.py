@@ -6,8 +6,9 @@ import math
 
 import torch
 
+from d9d_kernels.core.metric import NAN_STRATEGIES  # noqa: F401  (defined by the core, which checks it first)
+
 TASKS = ("binary", "multiclass", "multilabel")
-NAN_STRATEGIES = ("error", "ignore", "propagate")
 MULTIDIM_AVERAGES = ("global", "samplewise")
 # None: torchmetrics' channel-first reading where the shapes allow it, else
 # channel-last; 1 / -1: only that reading.

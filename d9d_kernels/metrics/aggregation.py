@@ -1,8 +1,12 @@
-"""Aggregation metrics (API.md §4): ``update(values, weights=None, mask=None)``.
+"""Aggregation metrics: ``update(values, weights=None, mask=None)``.
 
 * ``SumMetric``: ``Σ w·x`` (w defaults to 1); 0 before any update.
-* ``WeightedMeanMetric``: ``Σ w·x / Σ w``; NaN when ``Σ w == 0`` (no data, or
-  all weights zero).
+* ``WeightedMeanMetric``: ``Σ w·x / Σ w``; NaN when ``Σ w == 0`` (no data, all
+  weights zero, or weights summing to zero).
+* ``MeanMetric``: torchmetrics' name and arguments for it:
+  ``update(value, weight=1.0)``, ``nan_strategy`` also "warn" (torchmetrics'
+  default: NaN/Inf left out, ``compute()`` warns with the count) and
+  "disable" (= "propagate").
 * ``MaxMetric`` / ``MinMetric``: max / min of the valid values (``weights``
   accepted and ignored); ``-inf`` / ``+inf`` before any update (torchmetrics'
   initial values). Min is stored negated so both reduce with one MAX
@@ -31,14 +35,15 @@ Example:
 from __future__ import annotations
 
 import numbers
+import warnings
 
 import torch
 
-from d9d_kernels.core.metric import Metric
+from d9d_kernels.core.metric import NAN_STRATEGIES, Metric
 from d9d_kernels.metrics._args import broadcasts_to
 from d9d_kernels.metrics.moments import ExtremaStatistic, MomentsStatistic
 
-__all__ = ["SumMetric", "WeightedMeanMetric", "MaxMetric", "MinMetric"]
+__all__ = ["SumMetric", "WeightedMeanMetric", "MeanMetric", "MaxMetric", "MinMetric"]
 
 
 class _Aggregation(Metric):
@@ -59,17 +64,18 @@ class _Aggregation(Metric):
             )
         return ()
 
-    def _inputs(self, values, weights, mask):
+    def _inputs(self, values, weights, mask, names=("values", "weights")):
         """Checks the inputs; numbers pass through (the statistic fills them
-        on the device), so that an update plan can feed them as they come."""
+        on the device), so that an update plan can feed them as they come.
+        ``names``: the update's own argument names (for messages)."""
         dev = self._storage.device
-        shape = self._check_value("values", values, dev)
+        shape = self._check_value(names[0], values, dev)
         if weights is not None:
-            w_shape = self._check_value("weights", weights, dev)
+            w_shape = self._check_value(names[1], weights, dev)
             if not broadcasts_to(w_shape, shape):
                 raise ValueError(
-                    f"{self._label}.update: argument 'weights' of shape {tuple(w_shape)} does not "
-                    f"broadcast to values {tuple(shape)}"
+                    f"{self._label}.update: argument '{names[1]}' of shape {tuple(w_shape)} does not "
+                    f"broadcast to {names[0]} {tuple(shape)}"
                 )
         if mask is not None:
             if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
@@ -109,7 +115,59 @@ class WeightedMeanMetric(_MomentsAggregation):
     def _compute(self, states):
         s = states["m"]
         w, sx, px = s["moments"][0], s["moments"][1], s["pivot"][0]
-        return sx / w + torch.nan_to_num(px, nan=0.0)
+        mean = sx / w + torch.nan_to_num(px, nan=0.0)
+        return torch.where(w == 0, torch.full_like(mean, float("nan")), mean)
+
+
+#: MeanMetric.update's default weight; identity tells "not given" (-> no
+#: weights, the fastest path) from any given weight, whatever its value, so
+#: an update plan never depends on a weight's value
+_UNIT_WEIGHT = 1.0
+
+
+class MeanMetric(WeightedMeanMetric):
+    """torchmetrics' ``MeanMetric``: ``update(value, weight=1.0)``, the weighted mean.
+
+    ``nan_strategy``: "warn" (default, as torchmetrics: NaN/Inf values are left
+    out; ``compute()`` warns once with their count), "ignore", "error",
+    "propagate" / "disable" (NaN flows into the mean). A float replacement
+    value (torchmetrics' ``nan_strategy=0.0``) is not supported.
+
+    Example:
+        >>> import torch, d9d_kernels as dk
+        >>> m = dk.MeanMetric()
+        >>> m.update(torch.tensor([1.0, 3.0]))
+        >>> m.update(6.0, weight=2.0)
+        >>> m.compute().item()
+        4.0
+    """
+
+    def __init__(self, nan_strategy: str = "warn"):
+        if not isinstance(nan_strategy, str) or nan_strategy not in ("warn", "disable", *NAN_STRATEGIES):
+            raise ValueError(f"MeanMetric: argument 'nan_strategy' must be one of "
+                             f"{('warn', 'disable', *NAN_STRATEGIES)}, got {nan_strategy!r}")
+        own = {"warn": "ignore", "disable": "propagate"}.get(nan_strategy, nan_strategy)
+        super().__init__(nan_strategy=own)
+        self.__dict__["_warn_nan"] = nan_strategy == "warn"
+        self.__dict__["_nan_strategy_arg"] = nan_strategy
+
+    def update(self, value, weight=_UNIT_WEIGHT) -> None:
+        """Adds ``value`` (number or tensor) with ``weight`` (number or tensor broadcastable to it)."""
+        value, weights, _ = self._inputs(value, None if weight is _UNIT_WEIGHT else weight, None, ("value", "weight"))
+        self._feed({"m": {"x": value, "weights": weights, "mask": None}})
+
+    def _checked_compute(self, states):
+        if self.__dict__["_warn_nan"] and not self.__dict__.get("_warned_nan"):
+            n = states["m"]["bad"].item()
+            if n:
+                self.__dict__["_warned_nan"] = True
+                warnings.warn(f"{self._label}: {int(n)} NaN/Inf value(s) were left out of the mean "
+                              "(nan_strategy='warn'); warned once", UserWarning, stacklevel=3)
+        return super()._checked_compute(states)
+
+    def __repr__(self) -> str:
+        a = self.__dict__["_nan_strategy_arg"]
+        return "MeanMetric()" if a == "warn" else f"MeanMetric(nan_strategy={a!r})"
 
 
 class _ExtremaAggregation(_Aggregation):

@@ -7,13 +7,12 @@ state slice and one kernel call in a group.
 
 from __future__ import annotations
 
-from typing import Hashable
-
 import torch
 
 from d9d_kernels import ops
-from d9d_kernels.metrics.class_stats import mergeable, nonfinite_rows
-from d9d_kernels.core.statistic import SUM, Slot, Statistic
+from d9d_kernels.core.statistic import SUM, Slot, optional_int, param, statistic
+from d9d_kernels.metrics.class_stats import mergeable
+from d9d_kernels.metrics.nonfinite import CountsNonfinite
 
 __all__ = ["BinaryStatistic", "flatten_labels", "sample_columns"]
 
@@ -52,7 +51,8 @@ def flatten_labels(num_labels: int | None, preds, target, mask):
     return preds.reshape(-1, L), target.reshape(-1, L), None if mask is None else mask.reshape(-1, L)
 
 
-class BinaryStatistic(Statistic):
+@statistic
+class BinaryStatistic(CountsNonfinite):
     """Per-label confusion counts of one ``binary_stats`` call.
 
     Args:
@@ -66,45 +66,15 @@ class BinaryStatistic(Statistic):
     Slots: ``state`` [L, 4] (tp, fp, tn, fn), ``bad`` [1] (+ ``nonfinite`` [1]); SUM.
     """
 
-    def __init__(
-        self,
-        num_labels: int | None,
-        threshold: float = 0.5,
-        ignore_index: int | None = None,
-        count_nonfinite: bool = False,
-        inputs: tuple[str, ...] = ("preds", "target", "mask"),
-    ):
-        self.num_labels = None if num_labels is None else int(num_labels)
-        self.threshold = float(threshold)
-        self.ignore_index = ignore_index
-        self.count_nonfinite = bool(count_nonfinite)
-        self.inputs = tuple(inputs)
-
-    def __repr__(self) -> str:
-        return (
-            f"BinaryStatistic(num_labels={self.num_labels}, threshold={self.threshold}, "
-            f"ignore_index={self.ignore_index}, count_nonfinite={self.count_nonfinite})"
-        )
-
-    def merge_key(self) -> Hashable:
-        return ("binary_stats", self.num_labels, self.threshold, self.ignore_index, self.inputs)
-
-    def merge(self, other: "BinaryStatistic") -> "BinaryStatistic":
-        assert self.merge_key() == other.merge_key()
-        return BinaryStatistic(
-            self.num_labels, self.threshold, self.ignore_index,
-            self.count_nonfinite or other.count_nonfinite, self.inputs,
-        )
+    num_labels: int | None = param(convert=optional_int)
+    threshold: float = param(0.5, convert=float)
+    ignore_index: int | None = None
 
     def slots(self) -> list[Slot]:
-        out = [Slot("state", SUM, (self.num_labels or 1, 4)), Slot("bad", SUM, (1,))]
-        if self.count_nonfinite:
-            out.append(Slot("nonfinite", SUM, (1,)))
-        return out
+        return [Slot("state", SUM, (self.num_labels or 1, 4)), Slot("bad", SUM, (1,))] + self.nonfinite_slots()
 
     def update(self, state: dict[str, torch.Tensor], **inputs) -> None:
-        preds, target = inputs[self.inputs[0]], inputs[self.inputs[1]]
-        mask = inputs.get(self.inputs[2]) if len(self.inputs) > 2 else None
+        preds, target, mask = self.unpack(inputs)
 
         def run(p, t, m, counts):
             ops.binary_stats(p, t, m, state=counts, bad=state["bad"], threshold=self.threshold,
@@ -115,11 +85,4 @@ class BinaryStatistic(Statistic):
         else:
             preds, target, mask = flatten_labels(self.num_labels, preds, target, mask)
             run(preds, target, mask, state["state"])
-        if self.count_nonfinite and preds.is_floating_point():
-            state["nonfinite"].add_(nonfinite_rows(preds, target, mask, self.ignore_index, preds.dim()))
-
-    def view(self, state: dict[str, torch.Tensor], need: "BinaryStatistic") -> dict[str, torch.Tensor]:
-        out = {"state": state["state"], "bad": state["bad"]}
-        if need.count_nonfinite:
-            out["nonfinite"] = state["nonfinite"]
-        return out
+        self.add_nonfinite(state, preds, target, mask, preds.dim())

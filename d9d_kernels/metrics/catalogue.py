@@ -1,4 +1,5 @@
-"""The metric catalogue (issue 4): classification, ranking, regression, text.
+"""The metric catalogue: classification, ranking, regression, text;
+calibration, segmentation, similarity, percentage errors, running mean.
 
 Re-exported by ``d9d_kernels`` (``dk.Accuracy``, ``dk.AUROC``, ...).
 """
@@ -24,6 +25,11 @@ from d9d_kernels.metrics.regression import (
     R2Score,
 )
 from d9d_kernels.metrics.text import Perplexity
+from d9d_kernels.metrics.calibration import CalibrationError
+from d9d_kernels.metrics.segmentation import Dice, DiceScore, GeneralizedDiceScore, MeanIoU
+from d9d_kernels.metrics.similarity import CosineSimilarity, KLDivergence
+from d9d_kernels.metrics.percentage_error import MeanAbsolutePercentageError, SymmetricMeanAbsolutePercentageError
+from d9d_kernels.metrics.running import RunningMean
 
 __all__ = [
     "Accuracy",
@@ -44,4 +50,14 @@ __all__ = [
     "PearsonCorrCoef",
     "ExplainedVariance",
     "Perplexity",
+    "CalibrationError",
+    "Dice",
+    "DiceScore",
+    "GeneralizedDiceScore",
+    "MeanIoU",
+    "KLDivergence",
+    "CosineSimilarity",
+    "MeanAbsolutePercentageError",
+    "SymmetricMeanAbsolutePercentageError",
+    "RunningMean",
 ]

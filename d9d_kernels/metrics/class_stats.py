@@ -11,15 +11,11 @@ any wants it, NLL if any wants it (Perplexity).
 
 from __future__ import annotations
 
-from typing import Hashable
-
 import torch
 
 from d9d_kernels import ops
-from d9d_kernels.ops._common import as_index
-from d9d_kernels.ops._dispatch import FLOATS, pick
-from d9d_kernels.reference import valid_score_rows
-from d9d_kernels.core.statistic import SUM, Slot, Statistic
+from d9d_kernels.core.statistic import SUM, Slot, either, param, statistic, union
+from d9d_kernels.metrics.nonfinite import CountsNonfinite, nonfinite_rows
 
 __all__ = ["ClassStatistic", "nonfinite_rows", "score_blocks", "mergeable"]
 
@@ -64,43 +60,21 @@ def score_blocks(preds: torch.Tensor, target: torch.Tensor, mask: torch.Tensor |
     ]
 
 
-def nonfinite_rows(
-    preds: torch.Tensor, target: torch.Tensor, mask: torch.Tensor | None, ignore_index: int | None, row_dims: int,
-    class_rows: bool = False,
-) -> torch.Tensor:
-    """Float64 ``[1]``: rows (the leading ``row_dims`` dims of ``preds``) with a
-    NaN/Inf score, among those kept by ``mask`` and ``ignore_index``.
-
-    Separates NaN input from out-of-range targets, which the kernels count in
-    one ``bad`` slot, so that ``nan_strategy`` applies to NaN only. With
-    ``class_rows`` (class_stats score rows) the kernels' rule applies instead:
-    -Inf is a masked logit, a row is non-finite when it holds a NaN or +Inf or
-    only -Inf (``reference.valid_score_rows``).
-    """
-    keep = None if mask is None else torch.broadcast_to(mask, target.shape)
-    if ignore_index is not None:
-        ig = target != ignore_index
-        keep = ig if keep is None else keep & ig
-    if class_rows and preds.dim() > row_dims:
-        bad = ~valid_score_rows(preds.flatten(row_dims))
-    else:
-        bad = ~torch.isfinite(preds)
-    if bad.dim() > row_dims:
-        bad = bad.flatten(row_dims).any(-1)
-    if keep is not None:
-        bad = bad & keep
-    return bad.sum(dtype=torch.float64).reshape(1)
+def _top_ks(ks) -> tuple[int, ...]:
+    return tuple(sorted({int(k) for k in ks}))
 
 
-class ClassStatistic(Statistic):
+@statistic
+class ClassStatistic(CountsNonfinite):
     """Per-class counts of one ``class_stats`` kernel call.
 
     Args:
         num_classes: C.
         ignore_index: target value whose rows are dropped, or None.
-        top_ks: the k's this statistic provides (distinct, ``1 <= k <= C``).
-        confmat: also keep the ``[C, C]`` confusion matrix.
-        nll: also sum ``logsumexp(s) - s[target]`` (needs score preds).
+        top_ks: the k's this statistic provides (distinct, ``1 <= k <= C``);
+            merged by union.
+        confmat: also keep the ``[C, C]`` confusion matrix (merged by ``either``).
+        nll: also sum ``logsumexp(s) - s[target]`` (needs score preds; merged by ``either``).
         count_nonfinite: also count rows with NaN/Inf scores separately
             (``nan_strategy`` "ignore" / "propagate" need to tell them from
             out-of-range targets, which ``bad`` lumps together).
@@ -111,44 +85,11 @@ class ClassStatistic(Statistic):
     ``nonfinite`` [1]; all SUM.
     """
 
-    def __init__(
-        self,
-        num_classes: int,
-        ignore_index: int | None = None,
-        top_ks: tuple[int, ...] = (1,),
-        confmat: bool = False,
-        nll: bool = False,
-        count_nonfinite: bool = False,
-        inputs: tuple[str, ...] = ("preds", "target", "mask"),
-    ):
-        self.num_classes = int(num_classes)
-        self.ignore_index = ignore_index
-        self.top_ks = tuple(sorted(set(int(k) for k in top_ks)))
-        self.confmat = bool(confmat)
-        self.nll = bool(nll)
-        self.count_nonfinite = bool(count_nonfinite)
-        self.inputs = tuple(inputs)
-
-    def __repr__(self) -> str:
-        return (
-            f"ClassStatistic(num_classes={self.num_classes}, ignore_index={self.ignore_index}, "
-            f"top_ks={self.top_ks}, confmat={self.confmat}, nll={self.nll}, count_nonfinite={self.count_nonfinite})"
-        )
-
-    def merge_key(self) -> Hashable:
-        return ("class_stats", self.num_classes, self.ignore_index, self.inputs)
-
-    def merge(self, other: "ClassStatistic") -> "ClassStatistic":
-        assert self.merge_key() == other.merge_key()
-        return ClassStatistic(
-            self.num_classes,
-            self.ignore_index,
-            self.top_ks + other.top_ks,
-            self.confmat or other.confmat,
-            self.nll or other.nll,
-            self.count_nonfinite or other.count_nonfinite,
-            self.inputs,
-        )
+    num_classes: int = param(convert=int)
+    ignore_index: int | None = None
+    top_ks: tuple[int, ...] = param((1,), convert=_top_ks, merge=union)
+    confmat: bool = param(False, convert=bool, merge=either)
+    nll: bool = param(False, convert=bool, merge=either)
 
     def slots(self) -> list[Slot]:
         C = self.num_classes
@@ -159,17 +100,13 @@ class ClassStatistic(Statistic):
         ]
         if self.confmat:
             out.append(Slot("confmat", SUM, (C, C)))
-        if self.count_nonfinite:
-            out.append(Slot("nonfinite", SUM, (1,)))
-        return out
+        return out + self.nonfinite_slots()
 
     def update(self, state: dict[str, torch.Tensor], **inputs) -> None:
-        p_name, t_name = self.inputs[0], self.inputs[1]
-        preds, target = inputs[p_name], inputs[t_name]
-        mask = inputs.get(self.inputs[2]) if len(self.inputs) > 2 else None
+        preds, target, mask = self.unpack(inputs)
         if preds.is_floating_point() and preds.dim() == target.dim():
             # floating class indices (same shape as target): non-whole values are counted as bad
-            preds = as_index("class_stats", "preds", preds, preds.device)
+            preds = ops.as_index(preds)
         lse = inputs.get("lse")  # Perplexity's given logsumexp: no exp pass in the kernel
         if preds.dim() > target.dim() and preds.dim() > 2:
             blocks = score_blocks(preds, target, mask, self.num_classes)
@@ -189,8 +126,7 @@ class ClassStatistic(Statistic):
                 top_ks=self.top_ks,
                 nll=self.nll and lse is None,
             )
-            if self.count_nonfinite and p.is_floating_point():
-                state["nonfinite"].add_(nonfinite_rows(p, t, m, self.ignore_index, t.dim(), class_rows=True))
+            self.add_nonfinite(state, p, t, m, t.dim(), class_rows=True)
         if lse is not None:  # after the kernel: its checks run first
             from d9d_kernels.metrics.text import add_lse_nll
 
@@ -199,25 +135,22 @@ class ClassStatistic(Statistic):
     def bind(self, sample: dict):
         """The raw ``class_stats`` op when ``sample`` needs no reshaping:
         scores ``[N, C]`` or int64 indices ``[N]``, int64 target ``[N]``, no
-        mask or a bool ``[N]`` one, C++/CUDA backend (dk.ops checks: ~8 us)."""
-        preds, target = sample[self.inputs[0]], sample[self.inputs[1]]
-        mask = sample.get(self.inputs[2]) if len(self.inputs) > 2 else None
+        mask or a bool ``[N]`` one (skips the wrapper's checks)."""
+        preds, target, mask = self.unpack(sample)
         n = target.shape
         direct = (
             target.dtype == torch.int64
             and len(n) == 1
-            and (preds.shape == (n[0], self.num_classes) and preds.dtype in FLOATS
+            and (preds.shape == (n[0], self.num_classes) and preds.dtype in ops.FLOATS
                  or preds.shape == n and preds.dtype == torch.int64)
             and (mask is None or (mask.dtype == torch.bool and mask.shape == n))
             and not self.count_nonfinite
             and "lse" not in sample
-            and pick("class_stats", preds.device, None) in ("cpp", "cuda")
         )
         if not direct:
             return super().bind(sample)
-        op = torch.ops.d9d_kernels.class_stats.default
-        p_name, t_name = self.inputs[0], self.inputs[1]
-        m_name = self.inputs[2] if len(self.inputs) > 2 else None
+        op = ops.raw("class_stats", preds.device)
+        p_name, t_name, m_name = self.inputs
         C, ignore, ks, nll = self.num_classes, self.ignore_index, list(self.top_ks), self.nll
 
         def run(state, inputs):
@@ -228,14 +161,10 @@ class ClassStatistic(Statistic):
 
     def view(self, state: dict[str, torch.Tensor], need: "ClassStatistic") -> dict[str, torch.Tensor]:
         """``need``'s own layout: ``stats`` [len(need.top_ks), 3, C] etc."""
+        out = super().view(state, need)
         idx = [self.top_ks.index(k) for k in need.top_ks]
         if idx == list(range(idx[0], idx[0] + len(idx))):
-            stats = state["stats"][idx[0] : idx[0] + len(idx)]
+            out["stats"] = state["stats"][idx[0] : idx[0] + len(idx)]
         else:
-            stats = state["stats"][idx]
-        out = {"stats": stats, "extras": state["extras"], "bad": state["bad"]}
-        if need.confmat:
-            out["confmat"] = state["confmat"]
-        if need.count_nonfinite:
-            out["nonfinite"] = state["nonfinite"]
+            out["stats"] = state["stats"][idx]
         return out

@@ -16,13 +16,10 @@ the lowest rank that has one; it then stays fixed (``reset`` keeps it).
 
 from __future__ import annotations
 
-from typing import Hashable
-
 import torch
 
 from d9d_kernels import ops
-from d9d_kernels.ops._dispatch import FLOATS, pick
-from d9d_kernels.core.statistic import MAX, REPLICA, SUM, Slot, Statistic
+from d9d_kernels.core.statistic import MAX, REPLICA, SUM, Slot, Statistic, param, statistic
 from d9d_kernels.reference import MOMENTS_SIZE
 
 __all__ = ["MomentsStatistic", "ExtremaStatistic", "recenter_moments", "first_set"]
@@ -74,19 +71,16 @@ class _Fills:
         return f[1]
 
 
-def _direct(op_name: str, slot: str, update, call):
-    """A plan step: ``call(state, inputs)`` (the raw op) when the C++/CUDA
-    backend serves the state's device, decided at the first call; else the
-    checked ``update(state, **inputs)``."""
-    direct = []
+def _raw_on_state_device(op_name: str, slot: str, call):
+    """A plan step ``call(op, state, inputs)`` with ``op = ops.raw(op_name)``
+    for the device of ``state[slot]``, resolved at the first call (Python
+    number inputs carry no device)."""
+    op = []
 
     def run(state, inputs):
-        if not direct:
-            direct.append(pick(op_name, state[slot].device, None) in ("cpp", "cuda"))
-        if direct[0]:
-            call(state, inputs)
-        else:
-            update(state, **inputs)
+        if not op:
+            op.append(ops.raw(op_name, state[slot].device))
+        call(op[0], state, inputs)
 
     return run
 
@@ -106,33 +100,40 @@ def first_set(values: list[torch.Tensor]) -> torch.Tensor:
     return p.gather(0, idx[None])[0].reshape(values[0].shape)
 
 
-class MomentsStatistic(Statistic):
+@statistic
+class Shareable(Statistic):
+    """Base of statistics fed per metric or per group.
+
+    Fields (keyword-only):
+        shared: merge with equal-config statistics of other members of a
+            group (they must be fed the same inputs, e.g. regression metrics
+            on ``preds``/``target``). Aggregation metrics, fed one by one,
+            use ``shared=False``: the statistic merges with nothing else.
+    """
+
+    shared: bool = param(False, convert=bool, kw_only=True)
+
+    def merge_key(self):
+        key = super().merge_key()
+        return key if self.shared else key + (id(self),)
+
+
+@statistic
+class MomentsStatistic(Shareable):
     """Weighted moments of ``x`` (and ``y``): one ``weighted_moments`` call.
 
     Args:
         paired: ``y`` is given (regression: x = preds, y = target).
         skip_bad: leave non-finite elements out (``nan_strategy="ignore"``).
-        shared: merge with equal-config MomentsStatistics of other members
-            of a group (they must be fed the same inputs, e.g. regression
-            metrics on ``preds``/``target``). Aggregation metrics, fed one by
-            one, use ``shared=False`` (never merged).
+        shared: see ``Shareable``.
 
     ``update(state, x, y=None, weights=None, mask=None)``.
     """
 
     inputs = ("x", "y", "weights", "mask")
 
-    def __init__(self, paired: bool = False, skip_bad: bool = False, shared: bool = False):
-        self.paired = bool(paired)
-        self.skip_bad = bool(skip_bad)
-        self.shared = bool(shared)
-
-    def merge_key(self) -> Hashable:
-        key = ("moments", self.paired, self.skip_bad)
-        return key if self.shared else key + (id(self),)
-
-    def merge(self, other: Statistic) -> Statistic:
-        return self
+    paired: bool = param(False, convert=bool)
+    skip_bad: bool = param(False, convert=bool)
 
     def slots(self) -> list[Slot]:
         return [
@@ -140,9 +141,6 @@ class MomentsStatistic(Statistic):
             Slot("bad", SUM, (1,)),
             Slot("pivot", REPLICA, (2,), float("nan")),
         ]
-
-    def schema(self) -> str:
-        return f"MomentsStatistic(paired={self.paired},skip_bad={self.skip_bad},shared={self.shared})"
 
     def update(self, state, x, y=None, weights=None, mask=None) -> None:
         """``x``, ``y``, ``weights``: tensors or Python numbers."""
@@ -159,11 +157,11 @@ class MomentsStatistic(Statistic):
         ``weights`` of its dtype); ``weights`` may also be a Python number
         (filled to ``x``'s size, in ``x``'s dtype when exact there, else
         float64; the kernel computes in float64, so results equal the checked
-        path's). WeightedMeanMetric.update(loss, weights=n): 16 -> ~5 us."""
+        path's)."""
         x, y, w, mask = (sample.get(k) for k in ("x", "y", "weights", "mask"))
         if _number(x) and y is None and mask is None and (w is None or _number(w)):
             return self._bind_numbers(w is not None)
-        if not isinstance(x, torch.Tensor) or x.dtype not in FLOATS:
+        if not isinstance(x, torch.Tensor) or x.dtype not in ops.FLOATS:
             return super().bind(sample)
         same = lambda t: t is None or (  # noqa: E731
             isinstance(t, torch.Tensor) and t.shape == x.shape and t.dtype == x.dtype
@@ -173,11 +171,10 @@ class MomentsStatistic(Statistic):
             same(y)
             and (w_number or same(w))
             and (mask is None or (mask.dtype == torch.bool and mask.shape == x.shape))
-            and pick("weighted_moments", x.device, None) in ("cpp", "cuda")
         )
         if not direct:
             return super().bind(sample)
-        op = torch.ops.d9d_kernels.weighted_moments.default
+        op = ops.raw("weighted_moments", x.device)
         skip_bad = self.skip_bad
         filled = [None, None]  # (number, its fill): the op only reads weights, so a repeated n reuses it
 
@@ -189,8 +186,8 @@ class MomentsStatistic(Statistic):
             if w_number:
                 if filled[0] != w:
                     # in x's dtype when w is exact there (a host-side test): the op then
-                    # needs no float64 copy of x (one op less: ~8 us right after a
-                    # training step); the kernel multiplies in float64 either way
+                    # needs no float64 copy of x, one op less per update (bench/analysis.md,
+                    # training loop); the kernel multiplies in float64 either way
                     wv = float(w)
                     exact = torch.tensor(wv, dtype=x.dtype).item() == wv
                     filled[:] = w, torch.full(x.shape, wv, dtype=x.dtype if exact else torch.float64, device=x.device)
@@ -207,17 +204,15 @@ class MomentsStatistic(Statistic):
         """``x`` (and ``weights``) Python numbers, e.g. ``SumMetric.update(float(n))``:
         each new value filled once as a float64 ``[1]`` tensor on the state's
         device (the op only reads it; a repeated value reuses the fill), then
-        the raw op. Right after a training step: 82 -> 32 us (the checked
-        path's fill + op wrapper)."""
-        op = torch.ops.d9d_kernels.weighted_moments.default
+        the raw op."""
         skip_bad, fill = self.skip_bad, _Fills()
 
-        def call(state, inputs):
+        def call(op, state, inputs):
             dev = state["moments"].device
             w = fill("weights", inputs["weights"], dev) if weighted else None
             op(fill("x", inputs["x"], dev), None, w, None, skip_bad, state["moments"], state["bad"], state["pivot"])
 
-        return _direct("weighted_moments", "moments", self.update, call)
+        return _raw_on_state_device("weighted_moments", "moments", call)
 
     def choose_replica(self, replicas):
         return {"pivot": first_set([r["pivot"] for r in replicas])}
@@ -232,30 +227,19 @@ class MomentsStatistic(Statistic):
         return p[0] == p[0] and (not self.paired or p[1] == p[1])
 
 
-class ExtremaStatistic(Statistic):
+@statistic
+class ExtremaStatistic(Shareable):
     """Running (max, -min) of ``x``: one ``running_extrema`` call, MAX kind.
 
-    ``update(state, x, mask=None)``. ``shared`` as in ``MomentsStatistic``.
+    ``update(state, x, mask=None)``. ``shared``: see ``Shareable``.
     """
 
     inputs = ("x", "mask")
 
-    def __init__(self, skip_bad: bool = False, shared: bool = False):
-        self.skip_bad = bool(skip_bad)
-        self.shared = bool(shared)
-
-    def merge_key(self) -> Hashable:
-        key = ("extrema", self.skip_bad)
-        return key if self.shared else key + (id(self),)
-
-    def merge(self, other: Statistic) -> Statistic:
-        return self
+    skip_bad: bool = param(False, convert=bool)
 
     def slots(self) -> list[Slot]:
         return [Slot("extrema", MAX, (2,), float("-inf")), Slot("bad", SUM, (1,))]
-
-    def schema(self) -> str:
-        return f"ExtremaStatistic(skip_bad={self.skip_bad},shared={self.shared})"
 
     def update(self, state, x, mask=None) -> None:
         """``x``: a tensor or a Python number."""
@@ -265,21 +249,20 @@ class ExtremaStatistic(Statistic):
     def bind(self, sample: dict):
         """The raw ``running_extrema`` op for a floating tensor ``x`` (``mask``
         None or bool of ``x``'s shape) or a Python number (filled as in
-        ``MomentsStatistic``): ``MaxMetric.update(grad_norm)`` 6.5 -> 3.5 us."""
+        ``MomentsStatistic``)."""
         x, mask = sample.get("x"), sample.get("mask")
         number = _number(x) and mask is None
-        tensor = (isinstance(x, torch.Tensor) and x.dtype in FLOATS
+        tensor = (isinstance(x, torch.Tensor) and x.dtype in ops.FLOATS
                   and (mask is None or (isinstance(mask, torch.Tensor) and mask.dtype == torch.bool
                                         and mask.shape == x.shape)))
         if not (number or tensor):
             return super().bind(sample)
-        op = torch.ops.d9d_kernels.running_extrema.default
         skip_bad, fill = self.skip_bad, _Fills()
 
-        def call(state, inputs):
+        def call(op, state, inputs):
             st = state["extrema"]
             x = fill("x", inputs["x"], st.device) if number else inputs["x"].reshape(-1)
             m = inputs.get("mask")
             op(x, None if m is None else m.reshape(-1), skip_bad, st, state["bad"])
 
-        return _direct("running_extrema", "extrema", self.update, call)
+        return _raw_on_state_device("running_extrema", "extrema", call)

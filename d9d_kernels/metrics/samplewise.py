@@ -21,15 +21,15 @@ from typing import Callable, Hashable
 import torch
 
 from d9d_kernels import ops
-from d9d_kernels.core.statistic import SUM, Slot, Statistic
+from d9d_kernels.core.statistic import SUM, Slot, optional_int, param, statistic
 from d9d_kernels.metrics.binary_stats import sample_columns
-from d9d_kernels.metrics.class_stats import nonfinite_rows
-from d9d_kernels.ops._common import as_index
+from d9d_kernels.metrics.nonfinite import CountsNonfinite
 
 __all__ = ["SamplewiseStatistic"]
 
 
-class SamplewiseStatistic(Statistic):
+@statistic
+class SamplewiseStatistic(CountsNonfinite):
     """Sum of a per-sample score over samples, and the sample count.
 
     Args:
@@ -48,54 +48,24 @@ class SamplewiseStatistic(Statistic):
     Inputs: class / label dim last (``[N, d1, ..., C]``), as the metrics pass them.
     """
 
-    def __init__(
-        self,
-        task: str,
-        size: int | None,
-        score: Callable,
-        key: Hashable,
-        shape: tuple[int, ...] = (),
-        threshold: float = 0.5,
-        ignore_index: int | None = None,
-        top_k: int = 1,
-        count_nonfinite: bool = False,
-        inputs: tuple[str, ...] = ("preds", "target", "mask"),
-    ):
-        self.task = task
-        self.size = None if size is None else int(size)
-        self.score = score
-        self.key = key
-        self.shape = tuple(shape)
-        self.threshold = float(threshold)
-        self.ignore_index = ignore_index
-        self.top_k = int(top_k)
-        self.count_nonfinite = bool(count_nonfinite)
-        self.inputs = tuple(inputs)
+    task: str
+    size: int | None = param(convert=optional_int)
+    score: Callable = param(None, merge=lambda a, b: a)  # described by ``key``
+    key: Hashable = None
+    shape: tuple[int, ...] = param((), convert=tuple)
+    threshold: float = param(0.5, convert=float)
+    ignore_index: int | None = None
+    top_k: int = param(1, convert=int)
 
-    def __repr__(self) -> str:
-        return (f"SamplewiseStatistic(task={self.task!r}, size={self.size}, key={self.key!r}, "
-                f"ignore_index={self.ignore_index}, top_k={self.top_k})")
-
-    def merge_key(self) -> Hashable:
-        return ("samplewise", self.task, self.size, self.key, self.shape, self.threshold, self.ignore_index,
-                self.top_k, self.inputs)
-
-    def merge(self, other: "SamplewiseStatistic") -> "SamplewiseStatistic":
-        assert self.merge_key() == other.merge_key()
-        return SamplewiseStatistic(
-            self.task, self.size, self.score, self.key, self.shape, self.threshold, self.ignore_index, self.top_k,
-            self.count_nonfinite or other.count_nonfinite, self.inputs,
-        )
+    def _config(self):
+        # ``score`` is a function (its repr holds an address): ``key`` stands for it
+        return [(k, v) for k, v in super()._config() if k != "score"]
 
     def slots(self) -> list[Slot]:
-        out = [Slot("sum", SUM, self.shape), Slot("count", SUM, (1,)), Slot("bad", SUM, (1,))]
-        if self.count_nonfinite:
-            out.append(Slot("nonfinite", SUM, (1,)))
-        return out
+        return [Slot("sum", SUM, self.shape), Slot("count", SUM, (1,)), Slot("bad", SUM, (1,))] + self.nonfinite_slots()
 
     def update(self, state: dict[str, torch.Tensor], **inputs) -> None:
-        preds, target = inputs[self.inputs[0]], inputs[self.inputs[1]]
-        mask = inputs.get(self.inputs[2]) if len(self.inputs) > 2 else None
+        preds, target, mask = self.unpack(inputs)
         if mask is not None:
             mask = torch.broadcast_to(mask, target.shape)
         n = target.shape[0]
@@ -105,10 +75,8 @@ class SamplewiseStatistic(Statistic):
             tp, fp, tn, fn = self._binary_counts(state, preds, target, mask)
         state["sum"].add_(self.score(tp, fp, tn, fn).sum(0))
         state["count"].add_(float(n))
-        if self.count_nonfinite and preds.is_floating_point():
-            rows = target.dim() if self.task == "multiclass" else preds.dim()
-            state["nonfinite"].add_(nonfinite_rows(preds, target, mask, self.ignore_index, rows,
-                                                   class_rows=self.task == "multiclass"))
+        multiclass = self.task == "multiclass"
+        self.add_nonfinite(state, preds, target, mask, target.dim() if multiclass else preds.dim(), class_rows=multiclass)
 
     def _binary_counts(self, state, preds, target, mask):
         """One ``binary_stats`` call over ``[S, N * L]`` columns -> ``[N, L]`` each."""
@@ -130,7 +98,7 @@ class SamplewiseStatistic(Statistic):
         scores = preds.dim() > target.dim()
         if not scores and preds.is_floating_point():
             # floating class indices: non-whole values are counted as bad (as the global statistic)
-            preds = as_index("class_stats", "preds", preds, preds.device)
+            preds = ops.as_index(preds)
         for i in range(n):
             p = preds[i].reshape(-1, C) if scores else preds[i].reshape(-1)
             ops.class_stats(

@@ -6,20 +6,20 @@ AUROC and AveragePrecision on the same inputs, ``num_bins``, task and
 
 from __future__ import annotations
 
-from typing import Hashable
-
 import torch
 
 from d9d_kernels import ops
+from d9d_kernels.core.statistic import SUM, Slot, optional_int, param, statistic
 from d9d_kernels.metrics.binary_stats import flatten_labels
-from d9d_kernels.metrics.class_stats import nonfinite_rows
-from d9d_kernels.core.statistic import SUM, Slot, Statistic
+from d9d_kernels.metrics.nonfinite import CountsNonfinite
 
 __all__ = ["HistogramStatistic"]
 
 
-class HistogramStatistic(Statistic):
-    """``hist`` [2, L, B] (positives, negatives per label and bin) + ``bad`` [1].
+@statistic
+class HistogramStatistic(CountsNonfinite):
+    """``hist`` [2, L, B] (positives, negatives per label and bin) + ``bad`` [1]
+    (+ ``nonfinite`` [1]); SUM.
 
     Args:
         num_labels: L (labels, or classes when ``multiclass``); ``None`` for binary.
@@ -30,47 +30,17 @@ class HistogramStatistic(Statistic):
         inputs: update keyword names.
     """
 
-    def __init__(
-        self,
-        num_labels: int | None,
-        num_bins: int,
-        multiclass: bool = False,
-        ignore_index: int | None = None,
-        count_nonfinite: bool = False,
-        inputs: tuple[str, ...] = ("preds", "target", "mask"),
-    ):
-        self.num_labels = None if num_labels is None else int(num_labels)
-        self.num_bins = int(num_bins)
-        self.multiclass = bool(multiclass)
-        self.ignore_index = ignore_index
-        self.count_nonfinite = bool(count_nonfinite)
-        self.inputs = tuple(inputs)
-
-    def __repr__(self) -> str:
-        return (
-            f"HistogramStatistic(num_labels={self.num_labels}, num_bins={self.num_bins}, "
-            f"multiclass={self.multiclass}, ignore_index={self.ignore_index})"
-        )
-
-    def merge_key(self) -> Hashable:
-        return ("score_histogram", self.num_labels, self.num_bins, self.multiclass, self.ignore_index, self.inputs)
-
-    def merge(self, other: "HistogramStatistic") -> "HistogramStatistic":
-        assert self.merge_key() == other.merge_key()
-        return HistogramStatistic(
-            self.num_labels, self.num_bins, self.multiclass, self.ignore_index,
-            self.count_nonfinite or other.count_nonfinite, self.inputs,
-        )
+    num_labels: int | None = param(convert=optional_int)
+    num_bins: int = param(convert=int)
+    multiclass: bool = param(False, convert=bool)
+    ignore_index: int | None = None
 
     def slots(self) -> list[Slot]:
-        out = [Slot("hist", SUM, (2, self.num_labels or 1, self.num_bins)), Slot("bad", SUM, (1,))]
-        if self.count_nonfinite:
-            out.append(Slot("nonfinite", SUM, (1,)))
-        return out
+        hist = Slot("hist", SUM, (2, self.num_labels or 1, self.num_bins))
+        return [hist, Slot("bad", SUM, (1,))] + self.nonfinite_slots()
 
     def update(self, state: dict[str, torch.Tensor], **inputs) -> None:
-        preds, target = inputs[self.inputs[0]], inputs[self.inputs[1]]
-        mask = inputs.get(self.inputs[2]) if len(self.inputs) > 2 else None
+        preds, target, mask = self.unpack(inputs)
         if self.multiclass:
             C = self.num_labels
             if mask is not None:
@@ -83,11 +53,4 @@ class HistogramStatistic(Statistic):
             hist=state["hist"], bad=state["bad"],
             multiclass=self.multiclass, ignore_index=self.ignore_index,
         )
-        if self.count_nonfinite and preds.is_floating_point():
-            state["nonfinite"].add_(nonfinite_rows(preds, target, mask, self.ignore_index, target.dim()))
-
-    def view(self, state: dict[str, torch.Tensor], need: "HistogramStatistic") -> dict[str, torch.Tensor]:
-        out = {"hist": state["hist"], "bad": state["bad"]}
-        if need.count_nonfinite:
-            out["nonfinite"] = state["nonfinite"]
-        return out
+        self.add_nonfinite(state, preds, target, mask, target.dim())

@@ -13,15 +13,14 @@ state and asks the kernel for the NLL alone (no top-k, no per-class counts).
 
 from __future__ import annotations
 
-from typing import Hashable
-
 import torch
 
 from d9d_kernels import ops
 from d9d_kernels.core.metric import Metric
+from d9d_kernels.core.statistic import SUM, Slot, statistic
 from d9d_kernels.metrics import _args as A
-from d9d_kernels.metrics.class_stats import ClassStatistic, nonfinite_rows
-from d9d_kernels.core.statistic import SUM, Slot, Statistic
+from d9d_kernels.metrics.class_stats import ClassStatistic
+from d9d_kernels.metrics.nonfinite import CountsNonfinite
 
 __all__ = ["Perplexity"]
 
@@ -48,48 +47,27 @@ def add_lse_nll(state, preds, target, mask, lse, ignore_index, count_rows: bool)
     state["extras"][1] += nll
 
 
-class NLLStatistic(Statistic):
+@statistic
+class NLLStatistic(CountsNonfinite):
     """Valid tokens + summed NLL of one ``class_stats`` call, for any vocabulary size."""
 
-    def __init__(self, ignore_index: int | None = None, count_nonfinite: bool = False, inputs=INPUTS):
-        self.ignore_index = ignore_index
-        self.count_nonfinite = bool(count_nonfinite)
-        self.inputs = tuple(inputs)
-
-    def merge_key(self) -> Hashable:
-        return ("nll", self.ignore_index, self.inputs)
-
-    def merge(self, other: "NLLStatistic") -> "NLLStatistic":
-        return NLLStatistic(self.ignore_index, self.count_nonfinite or other.count_nonfinite, self.inputs)
+    ignore_index: int | None = None
 
     def slots(self) -> list[Slot]:
-        out = [Slot("extras", SUM, (2,)), Slot("bad", SUM, (1,))]
-        if self.count_nonfinite:
-            out.append(Slot("nonfinite", SUM, (1,)))
-        return out
+        return [Slot("extras", SUM, (2,)), Slot("bad", SUM, (1,))] + self.nonfinite_slots()
 
     def update(self, state, **inputs) -> None:
-        preds, target = inputs[self.inputs[0]], inputs[self.inputs[1]]
-        mask = inputs.get(self.inputs[2])
+        preds, target, mask = self.unpack(inputs)
         lse = inputs.get(LSE)
         if lse is not None:  # no kernel: the NLL of the given lse, a few [N] ops
             add_lse_nll(state, preds, target, mask, lse, self.ignore_index, count_rows=True)
-            if self.count_nonfinite:
-                state["nonfinite"].add_(nonfinite_rows(preds, target, mask, self.ignore_index, target.dim(), class_rows=True))
-            return
-        V = preds.shape[-1]
-        # no top_ks: the kernel counts only extras and bad; stats [0, 3, V] holds no bytes
-        no_stats = preds.new_empty((0, 3, V), dtype=torch.float64)
-        ops.class_stats(preds, target, mask, num_classes=V, stats=no_stats, extras=state["extras"], bad=state["bad"],
-                        ignore_index=self.ignore_index, top_ks=(), nll=True)
-        if self.count_nonfinite:
-            state["nonfinite"].add_(nonfinite_rows(preds, target, mask, self.ignore_index, target.dim(), class_rows=True))
-
-    def view(self, state, need):
-        out = {"extras": state["extras"], "bad": state["bad"]}
-        if need.count_nonfinite:
-            out["nonfinite"] = state["nonfinite"]
-        return out
+        else:
+            V = preds.shape[-1]
+            # no top_ks: the kernel counts only extras and bad; stats [0, 3, V] holds no bytes
+            no_stats = preds.new_empty((0, 3, V), dtype=torch.float64)
+            ops.class_stats(preds, target, mask, num_classes=V, stats=no_stats, extras=state["extras"],
+                            bad=state["bad"], ignore_index=self.ignore_index, top_ks=(), nll=True)
+        self.add_nonfinite(state, preds, target, mask, target.dim(), class_rows=True)
 
 
 class Perplexity(Metric):
@@ -131,7 +109,7 @@ class Perplexity(Metric):
     def _statistics(self):
         nonfinite = self.nan_strategy != "error"
         if self.num_classes is None:
-            return {"nll": NLLStatistic(self.ignore_index, nonfinite, INPUTS)}
+            return {"nll": NLLStatistic(self.ignore_index, count_nonfinite=nonfinite, inputs=INPUTS)}
         return {"nll": ClassStatistic(self.num_classes, self.ignore_index, (1,), nll=True, count_nonfinite=nonfinite, inputs=INPUTS)}
 
     def update(self, preds: torch.Tensor, target: torch.Tensor, mask: torch.Tensor | None = None,

@@ -1,16 +1,38 @@
-"""Low-level in-place kernels on float64 state (API.md §6).
+"""Low-level in-place kernels on float64 state.
 
 Each op adds one batch into caller-owned float64 state tensors and returns
 nothing. ``backends()`` lists what can run here; ``backend=`` or the
 ``D9D_KERNELS_BACKEND`` environment variable forces one.
+
+Besides the checked wrappers (one per op), the op layer exports what the
+metric catalogue builds on: ``raw(op, device)`` (the unchecked
+implementation a wrapper would run, with or without the compiled
+extension), ``FLOATS`` (the floating dtypes the kernels read), ``OPS``,
+``BACKENDS`` and ``as_index`` (class indices from any real tensor).
 """
 
+import torch
+
+from d9d_kernels._extension import OPS
 from d9d_kernels.ops import _fake  # noqa: F401  (register_fake of the compiled ops)
-from d9d_kernels.ops._dispatch import backends
+from d9d_kernels.ops._common import FLOATS
+from d9d_kernels.ops._common import as_index as _as_index
+from d9d_kernels.ops._dispatch import BACKENDS, backends, raw
 from d9d_kernels.ops.binary_stats import binary_stats
 from d9d_kernels.ops.class_stats import class_stats
 from d9d_kernels.ops.running_extrema import running_extrema
 from d9d_kernels.ops.score_histogram import score_histogram
 from d9d_kernels.ops.weighted_moments import weighted_moments
 
-__all__ = ["backends", "weighted_moments", "class_stats", "binary_stats", "score_histogram", "running_extrema"]
+
+def as_index(t, op: str = "class_stats", arg: str = "preds"):
+    """``t`` as int64 class indices on its device: floating values that are not
+    whole numbers become an index out of range for every op (counted as bad by
+    the kernels, never truncated). ``op``/``arg`` name the input in errors."""
+    return _as_index(op, arg, t, t.device if isinstance(t, torch.Tensor) else torch.device("cpu"))
+
+
+__all__ = [
+    "backends", "raw", "as_index", "FLOATS", "OPS", "BACKENDS",
+    "weighted_moments", "class_stats", "binary_stats", "score_histogram", "running_extrema",
+]

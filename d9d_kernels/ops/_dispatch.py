@@ -1,19 +1,25 @@
-"""Backend choice shared by every op wrapper.
+"""Backend choice and the one table that maps (op, backend) to an implementation.
 
 Backends: ``"cpp"`` (C++ CPU kernels in ``_C``), ``"cuda"`` (CUDA kernels in
 ``_C``), ``"triton"`` and ``"torch"`` (``d9d_kernels.reference``).
 ``backend=`` on a call wins over the ``D9D_KERNELS_BACKEND`` environment
 variable, which wins over auto: cpp on CPU; cuda, else triton, on GPU;
 torch when nothing compiled fits.
+
+Every backend implements an op with the same positional arguments (the
+reference's, which the ``torch.ops.d9d_kernels`` schemas mirror), so the
+wrappers and ``raw`` only choose, never adapt.
 """
 
 from __future__ import annotations
 
 import os
+from typing import Callable
 
 import torch
 
-from d9d_kernels import _extension
+from d9d_kernels import _extension, reference
+from d9d_kernels._extension import OPS
 
 BACKENDS = ("cpp", "cuda", "triton", "torch")
 
@@ -57,50 +63,57 @@ def pick(op: str, device: torch.device, backend: str | None) -> str:
     return "torch"
 
 
-def fail(op: str, arg: str, msg: str, exc: type = ValueError):
-    """Raises ``exc`` naming the op and the argument."""
-    raise exc(f"d9d_kernels.{op}: argument '{arg}' {msg}")
+def _compiled(op: str) -> Callable:
+    return getattr(torch.ops.d9d_kernels, op).default
 
 
-def check(cond: bool, op: str, arg: str, msg: str, exc: type = ValueError) -> None:
-    """Metadata check with a constant message (use ``if not ...: fail(...)`` when
-    the message is an f-string, so it is only built on failure)."""
-    if not cond:
-        fail(op, arg, msg, exc)
+def _triton(op: str) -> Callable:
+    # Imported on first use: importing triton costs seconds and is not needed on
+    # CPU. Static import statements, because torch.compile traces them (it
+    # refuses importlib.import_module); they also bind the package attributes.
+    import d9d_kernels.triton as package
+    from d9d_kernels.triton import binary_stats, class_stats, running_extrema, score_histogram  # noqa: F401
+    from d9d_kernels.triton import weighted_moments  # noqa: F401
+
+    return getattr(getattr(package, op), op)
 
 
-def check_state(op: str, arg: str, t: torch.Tensor, shape: tuple, device: torch.device) -> None:
-    """A state tensor must be float64, contiguous, of ``shape``, on ``device``."""
-    # One combined test on the happy path: building the messages eagerly cost
-    # ~3 us per state tensor (cProfile, bench_kernels N=1).
-    if (
-        isinstance(t, torch.Tensor)
-        and t.dtype == torch.float64
-        and t.shape == shape
-        and t.device == device
-        and t.is_contiguous()
-    ):
-        return
-    check(isinstance(t, torch.Tensor), op, arg, "must be a torch.Tensor", TypeError)
-    check(t.dtype == torch.float64, op, arg, f"must be float64, got {t.dtype}", TypeError)
-    check(tuple(t.shape) == tuple(shape), op, arg, f"must have shape {tuple(shape)}, got {tuple(t.shape)}")
-    check(t.device == device, op, arg, f"must be on {device}, got {t.device}")
-    check(t.is_contiguous(), op, arg, "must be contiguous")
+def _reference(op: str) -> Callable:
+    return getattr(reference, op)
 
 
-def check_mask(op: str, mask: torch.Tensor | None, shape: tuple, device: torch.device):
-    """Returns the mask broadcast to ``shape`` (bool) or None."""
-    if mask is None:
-        return None
-    check(isinstance(mask, torch.Tensor), op, "mask", "must be a bool tensor or None", TypeError)
-    if mask.dtype != torch.bool:
-        fail(op, "mask", f"must be bool, got {mask.dtype}", TypeError)
-    if mask.device != device:
-        fail(op, "mask", f"must be on {device}, got {mask.device}")
-    try:
-        return torch.broadcast_to(mask, shape)
-    except RuntimeError:
-        fail(op, "mask", f"of shape {tuple(mask.shape)} does not broadcast to {tuple(shape)}")
+# Looked up at every call (not cached): a test may replace a launcher or a
+# reference function, and the triton modules load lazily.
+_IMPLEMENTATIONS: dict[str, Callable[[str], Callable]] = {
+    "cpp": _compiled,
+    "cuda": _compiled,
+    "triton": _triton,
+    "torch": _reference,
+}
 
 
-FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+def raw(op: str, device: torch.device | str = "cpu", backend: str | None = None) -> Callable:
+    """The unchecked implementation that ``dk.ops.<op>`` runs on ``device``.
+
+    The compiled ``torch.ops.d9d_kernels.<op>.default`` where ``_C`` serves
+    ``device``, else the Triton launcher or the pure-PyTorch reference (so it
+    works without the extension). It takes the raw positional arguments of
+    ``d9d_kernels.reference.<op>`` (flattened inputs, int64 indices, bool
+    masks, float64 contiguous state) and checks nothing: callers that already
+    validated an input signature use it to skip the wrapper's checks.
+
+    Example:
+        >>> import torch, d9d_kernels as dk
+        >>> st, bad = torch.full((2,), float("-inf"), dtype=torch.float64), torch.zeros(1, dtype=torch.float64)
+        >>> dk.ops.raw("running_extrema")(torch.tensor([3.0, -1.0]), None, False, st, bad)
+        >>> st.tolist()
+        [3.0, 1.0]
+    """
+    if op not in OPS:
+        raise ValueError(f"d9d_kernels.ops.raw: argument 'op' must be one of {OPS}, got {op!r}")
+    return _IMPLEMENTATIONS[pick(op, torch.device(device), backend)](op)
+
+
+def run(op: str, device: torch.device, backend: str | None, *args) -> None:
+    """Runs ``op`` on the backend ``pick`` chooses, with raw positional ``args``."""
+    _IMPLEMENTATIONS[pick(op, device, backend)](op)(*args)

@@ -10,8 +10,7 @@ from __future__ import annotations
 import torch
 
 from d9d_kernels import _extension
-
-FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+from d9d_kernels.ops._common import FLOATS
 
 
 def _ok(cond: bool, op: str, arg: str, msg: str) -> None:

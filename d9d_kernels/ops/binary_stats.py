@@ -8,8 +8,8 @@ from __future__ import annotations
 import torch
 
 from d9d_kernels import reference
-from d9d_kernels.ops._common import as_float, as_index
-from d9d_kernels.ops._dispatch import FLOATS, check, fail, check_mask, check_state, pick
+from d9d_kernels.ops._common import FLOATS, as_float, as_index, check, check_mask, check_state, fail
+from d9d_kernels.ops._dispatch import run
 
 OP = "binary_stats"
 
@@ -65,13 +65,4 @@ def binary_stats(
     preds = preds.reshape(-1, n_lab)
     target = target.reshape(-1, n_lab)
     mask = None if mask is None else mask.reshape(-1, n_lab)
-    impl = pick(OP, dev, backend)
-    args = (preds, target, mask, float(threshold), ignore_index, int(input_kind), state, bad)
-    if impl in ("cpp", "cuda"):
-        torch.ops.d9d_kernels.binary_stats(*args)
-    elif impl == "triton":
-        from d9d_kernels.triton.binary_stats import binary_stats as tr
-
-        tr(*args)
-    else:
-        reference.binary_stats(*args)
+    run(OP, dev, backend, preds, target, mask, float(threshold), ignore_index, int(input_kind), state, bad)

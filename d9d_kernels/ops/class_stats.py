@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from d9d_kernels import reference
-from d9d_kernels.ops._common import as_index
-from d9d_kernels.ops._dispatch import FLOATS, check, fail, check_mask, check_state, pick
+from d9d_kernels.ops._common import FLOATS, as_index, check, check_mask, check_state, fail
+from d9d_kernels.ops._dispatch import run
 
 OP = "class_stats"
 
@@ -95,13 +94,4 @@ def class_stats(
     target = target.reshape(-1)
     preds = preds.reshape(n, C) if scores else preds.reshape(-1)
     mask = None if mask is None else mask.reshape(-1)
-    impl = pick(OP, dev, backend)
-    args = (preds, target, mask, C, ignore_index, top_ks, nll, stats, confmat, extras, bad)
-    if impl in ("cpp", "cuda"):
-        torch.ops.d9d_kernels.class_stats(*args)
-    elif impl == "triton":
-        from d9d_kernels.triton.class_stats import class_stats as tr
-
-        tr(*args)
-    else:
-        reference.class_stats(*args)
+    run(OP, dev, backend, preds, target, mask, C, ignore_index, top_ks, nll, stats, confmat, extras, bad)

@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import torch
 
-from d9d_kernels import reference
-from d9d_kernels.ops._common import as_float
-from d9d_kernels.ops._dispatch import check_mask, check_state, pick
+from d9d_kernels.ops._common import as_float, check_mask, check_state
+from d9d_kernels.ops._dispatch import run
 
 OP = "running_extrema"
 
@@ -47,12 +46,4 @@ def running_extrema(
     check_state(OP, "bad", bad, (1,), dev)
     x = x.reshape(-1)
     mask = None if mask is None else mask.reshape(-1)
-    impl = pick(OP, dev, backend)
-    if impl in ("cpp", "cuda"):
-        torch.ops.d9d_kernels.running_extrema(x, mask, skip_bad, state, bad)
-    elif impl == "triton":
-        from d9d_kernels.triton.running_extrema import running_extrema as tr
-
-        tr(x, mask, skip_bad, state, bad)
-    else:
-        reference.running_extrema(x, mask, skip_bad, state, bad)
+    run(OP, dev, backend, x, mask, skip_bad, state, bad)

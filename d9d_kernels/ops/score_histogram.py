@@ -8,8 +8,8 @@ from __future__ import annotations
 import torch
 
 from d9d_kernels import reference
-from d9d_kernels.ops._common import as_float, as_index
-from d9d_kernels.ops._dispatch import check, fail, check_mask, check_state, pick
+from d9d_kernels.ops._common import as_float, as_index, check, check_mask, check_state, fail
+from d9d_kernels.ops._dispatch import run
 
 OP = "score_histogram"
 
@@ -72,13 +72,4 @@ def score_histogram(
     target = target.reshape(-1) if multiclass else target.reshape(-1, n_lab)
     if mask is not None:
         mask = mask.reshape(-1) if multiclass else mask.reshape(-1, n_lab)
-    impl = pick(OP, dev, backend)
-    args = (preds, target, mask, ignore_index, int(input_kind), bool(multiclass), hist, bad)
-    if impl in ("cpp", "cuda"):
-        torch.ops.d9d_kernels.score_histogram(*args)
-    elif impl == "triton":
-        from d9d_kernels.triton.score_histogram import score_histogram as tr
-
-        tr(*args)
-    else:
-        reference.score_histogram(*args)
+    run(OP, dev, backend, preds, target, mask, ignore_index, int(input_kind), bool(multiclass), hist, bad)

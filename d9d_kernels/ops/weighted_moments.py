@@ -9,8 +9,8 @@ from __future__ import annotations
 import torch
 
 from d9d_kernels import reference
-from d9d_kernels.ops._common import as_float
-from d9d_kernels.ops._dispatch import check, fail, check_mask, check_state, pick
+from d9d_kernels.ops._common import as_float, check_mask, check_state, fail
+from d9d_kernels.ops._dispatch import run
 
 OP = "weighted_moments"
 
@@ -61,8 +61,7 @@ def weighted_moments(
         try:
             weights = torch.broadcast_to(weights, shape)
         except RuntimeError:
-            if not (False):
-                fail(OP, "weights", f"of shape {tuple(weights.shape)} does not broadcast to {tuple(shape)}")
+            fail(OP, "weights", f"of shape {tuple(weights.shape)} does not broadcast to {tuple(shape)}")
         dtype = torch.promote_types(dtype, weights.dtype)
     mask = check_mask(OP, mask, shape, dev)
     check_state(OP, "state", state, (reference.MOMENTS_SIZE,), dev)
@@ -74,12 +73,4 @@ def weighted_moments(
     y = None if y is None else y.reshape(-1).to(dtype)
     weights = None if weights is None else weights.reshape(-1).to(dtype)
     mask = None if mask is None else mask.reshape(-1)
-    impl = pick(OP, dev, backend)
-    if impl in ("cpp", "cuda"):
-        torch.ops.d9d_kernels.weighted_moments(x, y, weights, mask, skip_bad, state, bad, pivot)
-    elif impl == "triton":
-        from d9d_kernels.triton.weighted_moments import weighted_moments as tr
-
-        tr(x, y, weights, mask, skip_bad, state, bad, pivot)
-    else:
-        reference.weighted_moments(x, y, weights, mask, skip_bad, state, bad, pivot)
+    run(OP, dev, backend, x, y, weights, mask, skip_bad, state, bad, pivot)

@@ -1,4 +1,5 @@
-"""``python -m d9d_kernels.trace DIR [--tools ...] [--workload-card F] [--json F] [--html F]``.
+"""``python -m d9d_kernels.trace DIR [--tools ...] [--steps all|hta|N:M] [--workload-card F] [--json F] [--html F]``
+and ``python -m d9d_kernels.trace diff RUN_A RUN_B [--steps ...] [--top N] [--json F] [--html F]``.
 
 Runs the selected tools (all by default) on a workload / trace directory, a
 trace file or a snapshot, prints one table per tool, and optionally writes the
@@ -24,7 +25,7 @@ import time
 from pathlib import Path
 
 TOOLS = ("throughput", "communication", "memory", "overlap", "training_phases",
-         "fsdp", "straggler", "kernel", "gpu_utilization")
+         "fsdp", "straggler", "kernel", "gpu_utilization", "idle_time", "launch", "counters", "sequences", "critical_path")
 
 
 def _parse(argv):
@@ -37,6 +38,11 @@ def _parse(argv):
                    help=f"comma-separated subset of: {','.join(TOOLS)} (default: all)")
     p.add_argument("--workload-card", default=None, metavar="F",
                    help="workload_card.yaml (batch size, seq len, FLOPs) for tokens/s and MFU")
+    p.add_argument("--steps", default="hta", metavar="all|hta|N:M",
+                   help="step filter for every tool: 'hta' (default: HolisticTraceAnalysis's, GPU work "
+                        "of the last ProfilerStep dropped), 'all', or ProfilerStep numbers N:M inclusive")
+    p.add_argument("--allow-mixed", action="store_true",
+                   help="analyse traces of different jobs in one directory together (refused by default)")
     p.add_argument("--profile-mode", default="auto", choices=("auto", "gpu", "cpu"),
                    help="GPU analysis when the trace has GPU events (auto), or force one")
     p.add_argument("--json", default=None, metavar="F", help="write all results as JSON to F")
@@ -73,7 +79,7 @@ def _clean(x):
     return str(x)
 
 
-def _run_tool(name: str, target, card, mode: str) -> dict:
+def _run_tool(name: str, target, card, mode: str, steps="hta", allow_mixed=False) -> dict:
     from d9d_kernels.trace._load import TraceError
     from d9d_kernels.trace._result import result
 
@@ -82,7 +88,8 @@ def _run_tool(name: str, target, card, mode: str) -> dict:
     except Exception as exc:
         return result(name, errors={f"<tool {name}>": f"cannot import: {type(exc).__name__}: {exc}"})
     try:
-        return mod.metric_cal(target, workload_card_path=card, profile_mode=mode)
+        return mod.metric_cal(target, workload_card_path=card, profile_mode=mode, steps=steps,
+                              allow_mixed=allow_mixed)
     except TraceError as exc:
         return result(name, errors={exc.file: exc.reason})
     except (MemoryError, RecursionError) as exc:
@@ -115,7 +122,7 @@ def missing_ranks(found: list[int], world_sizes: list[int]) -> str | None:
     return f"{len(found)} rank trace(s) found, missing rank(s) {_ranges(gone)} ({basis})"
 
 
-def _preparse(target, card, progress: bool) -> tuple[dict, list]:
+def _preparse(target, card, progress: bool, allow_mixed: bool = False) -> tuple[dict, list]:
     """Parse every rank once (with a progress bar) so the tools reuse the parsed traces.
 
     Returns ``(errors, warnings)``.
@@ -124,7 +131,7 @@ def _preparse(target, card, progress: bool) -> tuple[dict, list]:
     from d9d_kernels.trace._load import TraceError, find_workload, load_ranks
 
     try:
-        wl = find_workload(target, card)
+        wl = find_workload(target, card, allow_mixed=allow_mixed)
     except TraceError as exc:
         return {exc.file: exc.reason}, []
     errors: dict = {}
@@ -136,13 +143,76 @@ def _preparse(target, card, progress: bool) -> tuple[dict, list]:
         warnings.append(w)
     if ranks:
         # seed the shared per-workload cache (same key open_workload computes)
-        key = _common._key(target, card)
+        key = (_common._key(target, card), bool(allow_mixed))
         _common._CACHE.clear()
         _common._CACHE[key] = (wl, ranks, errors)
     return errors, warnings
 
 
+def _diff_main(argv) -> int:
+    """``python -m d9d_kernels.trace diff RUN_A RUN_B``: op-by-op comparison of two runs."""
+    p = argparse.ArgumentParser(prog="python -m d9d_kernels.trace diff",
+                                description="Compare two runs op by op (count and time per step), "
+                                            "the largest regressions first.")
+    p.add_argument("run_a", metavar="RUN_A", help="baseline: trace dir or file")
+    p.add_argument("run_b", metavar="RUN_B", help="compared run: trace dir or file")
+    p.add_argument("--steps", default="hta", metavar="all|hta|N:M", help="step filter for both runs")
+    p.add_argument("--allow-mixed", action="store_true", help="accept traces of different jobs in one run")
+    p.add_argument("--top", type=int, default=15, help="regressions/improvements listed per side (text)")
+    p.add_argument("--json", default=None, metavar="F", help="write the full comparison as JSON to F")
+    p.add_argument("--html", default=None, metavar="F", help="write an HTML report to F")
+    args = p.parse_args(argv)
+    from d9d_kernels.trace import diff
+    from d9d_kernels.trace._common import parse_steps
+    from d9d_kernels.trace._load import TraceError
+
+    for path in (args.run_a, args.run_b):
+        if not os.path.exists(path):
+            _err(f"{path}: no such file or directory")
+            return 2
+    try:
+        parse_steps(args.steps)
+    except ValueError as exc:
+        _err(f"--steps: {exc}")
+        return 2
+    try:
+        res = _clean(diff.compare(args.run_a, args.run_b, steps=args.steps, allow_mixed=args.allow_mixed))
+    except TraceError as exc:
+        _err(f"{exc.file}: {exc.reason}")
+        return 1
+    rc = 0
+    if args.json:
+        try:
+            with open(args.json, "w", encoding="utf-8") as fh:
+                json.dump(res, fh, indent=1, allow_nan=False)
+        except (OSError, ValueError) as exc:
+            _err(f"{args.json}: cannot write JSON: {exc}")
+            rc = 2
+    if args.html:
+        from d9d_kernels.trace.report import html_report
+
+        try:
+            with open(args.html, "w", encoding="utf-8") as fh:
+                fh.write(html_report({"diff": {**res, "ranks": diff.top_table(res, args.top)}},
+                                     title=f"diff {args.run_a} -> {args.run_b}",
+                                     inputs=[args.run_a, args.run_b], errors=res["errors"],
+                                     warnings=res["warnings"]))
+        except OSError as exc:
+            _err(f"{args.html}: cannot write HTML: {exc}")
+            rc = 2
+    for w in res["warnings"]:
+        print(f"warning: {_one_line(w)}", file=sys.stderr)
+    print(diff.text(res, args.top))
+    if not res["ops"]["gpu"] and not res["ops"]["cpu"]:
+        _err("nothing compared (no rank in both runs)")
+        return 1
+    return rc
+
+
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] == "diff":
+        return _diff_main(argv[1:])
     args = _parse(argv)
     tools = [t.strip() for t in args.tools.split(",") if t.strip()]
     bad = [t for t in tools if t not in TOOLS]
@@ -164,6 +234,13 @@ def main(argv=None) -> int:
         except TraceError as exc:
             _err(f"{exc.file}: {exc.reason}")
             return 2
+    from d9d_kernels.trace._common import parse_steps
+
+    try:
+        parse_steps(args.steps)
+    except ValueError as exc:
+        _err(f"--steps: {exc}")
+        return 2
     target = args.paths[0] if len(args.paths) == 1 else list(args.paths)
     progress = sys.stderr.isatty() if args.progress is None else args.progress
 
@@ -171,12 +248,43 @@ def main(argv=None) -> int:
     snapshot_only = (isinstance(target, str) and Path(target).is_file()
                      and Path(target).suffix in (".pickle", ".pkl"))
     warnings: list = []
+    if snapshot_only:
+        skipped = [t for t in tools if t != "memory"]
+        tools = ["memory"]
+        if skipped:
+            print(f"note: {target} is a memory snapshot: only the memory tool runs "
+                  f"(skipped: {', '.join(skipped)})", file=sys.stderr)
+    else:
+        from d9d_kernels.trace._load import MixedJobsError, find_workload
+
+        try:
+            find_workload(target, args.workload_card, allow_mixed=args.allow_mixed)
+        except MixedJobsError as exc:  # refused outright: no tool may merge them
+            _err(f"{exc.file}: {exc.reason}")
+            return 1
+        except Exception:  # the tools report unreadable inputs themselves
+            pass
     if not snapshot_only and any(t != "memory" for t in tools):
         try:
-            warnings = _preparse(target, args.workload_card, progress)[1]
+            warnings = _preparse(target, args.workload_card, progress, args.allow_mixed)[1]
         except Exception:  # the tools will report it themselves, one by one
             pass
 
+    spec = parse_steps(args.steps)
+    if isinstance(spec, tuple) and not snapshot_only:
+        from d9d_kernels.trace._common import open_workload
+        from d9d_kernels.trace._load import TraceError
+
+        try:
+            _, ranks, _ = open_workload(target, args.workload_card, allow_mixed=args.allow_mixed)
+        except TraceError:
+            ranks = None  # unreadable: the tools report it
+        nums = [rt.steps[0] for rt in (ranks or {}).values()]
+        if nums and not any(((n >= spec[0]) & (n <= spec[1])).any() for n in nums):
+            have = sorted({int(x) for rt in ranks.values() for x in rt.steps[0]})
+            _err(f"--steps {args.steps}: no rank has a ProfilerStep#N in that range "
+                 f"(steps present: {_ranges(have) or 'none'})")
+            return 1
     results: dict[str, dict] = {}
     bar = None
     if progress:
@@ -187,12 +295,8 @@ def main(argv=None) -> int:
         except ImportError:  # pragma: no cover
             bar = None
     for name in tools:
-        if snapshot_only and name != "memory":
-            from d9d_kernels.trace._result import result
-
-            results[name] = result(name, notes=["input is a memory snapshot: no trace to analyse"])
-        else:
-            results[name] = _clean(_run_tool(name, target, args.workload_card, args.profile_mode))
+        results[name] = _clean(_run_tool(name, target, args.workload_card, args.profile_mode,
+                                         args.steps, args.allow_mixed))
         if bar is not None:
             bar.update(1)
     if bar is not None:
@@ -205,6 +309,8 @@ def main(argv=None) -> int:
             all_errors.setdefault(f, why)
     for f, why in all_errors.items():
         _err(f"{f}: {why}")
+    for res in results.values():
+        warnings += [w for w in res.get("warnings") or [] if w not in warnings]
     for w in warnings:
         print(f"warning: {_one_line(w)}", file=sys.stderr)
 

@@ -13,6 +13,7 @@ from d9d_kernels.trace._load import (
     KIND_KERNEL,
     KIND_MEMCPY,
     KIND_MEMSET,
+    KIND_PROFILER_STEP,
     RankTrace,
     TraceError,
     Workload,
@@ -41,7 +42,7 @@ def _key(trace_dir, card):
     return tuple(out), str(card)
 
 
-def open_workload(trace_dir, workload_card_path=None, parallel: bool = True):
+def open_workload(trace_dir, workload_card_path=None, parallel: bool = True, allow_mixed: bool = False):
     """``(workload, {rank: RankTrace}, errors)``; errors maps file -> reason.
 
     The last parsed workload is cached (keyed by path + mtime) so that running
@@ -51,10 +52,10 @@ def open_workload(trace_dir, workload_card_path=None, parallel: bool = True):
         wl = trace_dir
         key = None
     else:
-        key = _key(trace_dir, workload_card_path)
+        key = (_key(trace_dir, workload_card_path), bool(allow_mixed))
         if key in _CACHE:
             return _CACHE[key]
-        wl = find_workload(trace_dir, workload_card_path)
+        wl = find_workload(trace_dir, workload_card_path, allow_mixed=allow_mixed)
     errors: dict = {}
     ranks = load_ranks(wl, parallel=parallel and len(wl.traces) > 1, errors=errors)
     if not ranks:
@@ -212,3 +213,136 @@ def device_peak_flops(rt: RankTrace) -> tuple[float | None, str | None]:
                 return peak, name
         return None, name
     return None, None
+
+
+# ----------------------------------------------------------------------------- step filter
+STEPS_DOC = ("steps: 'hta' (default; HolisticTraceAnalysis's filter: GPU work launched from the last "
+             "ProfilerStep, or with no launching CPU event, is dropped; no filter with < 2 steps), "
+             "'all' (every event), or 'N:M' (ProfilerStep#N..#M inclusive: CPU events starting in "
+             "those steps and the GPU work they launched)")
+_STEPS_CACHE: dict = {}
+_STEPS_RE = re.compile(r"^\s*(\d+)\s*(?::\s*(\d+)\s*)?$")
+
+
+def parse_steps(steps) -> str | tuple[int, int]:
+    """``"all"``, ``"hta"`` or an inclusive ``(N, M)`` step-number range; ValueError otherwise."""
+    if isinstance(steps, (tuple, list)) and len(steps) == 2:
+        n, m = int(steps[0]), int(steps[1])
+    elif steps in ("all", "hta"):
+        return steps
+    else:
+        mt = _STEPS_RE.match(str(steps))
+        if not mt:
+            raise ValueError(f"steps must be 'all', 'hta' or 'N:M' (ProfilerStep numbers), got {steps!r}")
+        n = int(mt.group(1))
+        m = int(mt.group(2)) if mt.group(2) is not None else n
+    if m < n:
+        raise ValueError(f"steps {n}:{m}: the last step is before the first")
+    return n, m
+
+
+def steps_note(spec) -> str:
+    if spec == "hta":
+        return ("step filter 'hta': GPU work launched from the last ProfilerStep (or with no launching "
+                "CPU event) dropped, as HolisticTraceAnalysis does; no filter with < 2 steps")
+    if spec == "all":
+        return "step filter 'all': every event in the trace, no step filter"
+    return (f"step filter {spec[0]}:{spec[1]}: CPU events starting in ProfilerStep#{spec[0]}..#{spec[1]} "
+            "and the GPU work they launched")
+
+
+def subset(rt: RankTrace, keep: np.ndarray) -> RankTrace:
+    """A :class:`RankTrace` of the rows in mask ``keep`` (same name tables)."""
+    rows = np.flatnonzero(keep)
+    if rows.size == len(rt):
+        return rt
+    new_index = np.full(len(rt), -1, dtype=np.int64)
+    new_index[rows] = np.arange(rows.size)
+    cols = {c: getattr(rt, c)[rows] for c in ("name_id", "cat_id", "kind", "ts", "dur", "pid", "tid",
+                                              "stream", "device", "correlation", "external_id",
+                                              "is_comm")}
+    comm = {int(new_index[r]): a for r, a in rt.comm_args.items() if new_index[r] >= 0}
+    return RankTrace(path=rt.path, rank=rt.rank, names=rt.names, cats=rt.cats, comm_args=comm,
+                     distributed_info=rt.distributed_info, device_properties=rt.device_properties,
+                     metadata=rt.metadata, **cols)
+
+
+def select_steps(rt: RankTrace, spec) -> RankTrace:
+    """Rows of ``rt`` kept by the step filter ``spec`` (from :func:`parse_steps`)."""
+    if spec == "all":
+        return rt
+    gpu = rt.gpu_mask
+    if spec == "hta":
+        return subset(rt, ~gpu | rt.hta_step_filter(include_last_profiler_step=False))
+    n, m = spec
+    nums, start, end = rt.steps
+    sel = (nums >= n) & (nums <= m)
+    if not sel.any():
+        have = f"{int(nums.min())}..{int(nums.max())}" if nums.size else "none"
+        raise TraceError(rt.path, f"steps {n}:{m}: no ProfilerStep#N in that range (steps present: {have})")
+    lo, hi = float(start[sel].min()), float(end[sel].max())
+    # ProfilerStep spans of other steps that start inside the window (none, normally) are dropped
+    num_of_name = np.array([int(x.split("#", 1)[1]) if x.startswith("ProfilerStep#")
+                            and x.split("#", 1)[1].isdigit() else -1 for x in rt.names], dtype=np.int64)
+    row_num = num_of_name[rt.name_id]
+    other_step = (rt.kind == KIND_PROFILER_STEP) & ((row_num < n) | (row_num > m))
+    cpu = ~gpu & (rt.ts >= lo) & (rt.ts < hi) & ~other_step
+    corr = rt.correlation[cpu & (rt.correlation >= 0)]
+    keep_gpu = gpu & (rt.correlation >= 0) & np.isin(rt.correlation, corr)
+    return subset(rt, cpu | keep_gpu)
+
+
+def open_steps(trace_dir, workload_card_path=None, steps="hta", allow_mixed: bool = False,
+               step_filter=None):
+    """:func:`open_workload` with the step filter applied: ``(wl, ranks, errors, note)``.
+
+    ``step_filter`` is the older name of ``steps`` and wins when given.
+    """
+    spec = parse_steps(step_filter if step_filter is not None else steps)
+    wl, ranks, errors = open_workload(trace_dir, workload_card_path, allow_mixed=allow_mixed)
+    key = (id(ranks), spec)
+    if _STEPS_CACHE.get("key") == key and _STEPS_CACHE.get("ranks") is ranks:
+        return _STEPS_CACHE["value"]
+    errors = dict(errors)
+    out = {}
+    for r, rt in ranks.items():
+        try:
+            out[r] = select_steps(rt, spec)
+        except TraceError as exc:
+            errors[exc.file] = exc.reason
+    if not out:
+        raise TraceError(*next(iter(errors.items())))
+    value = (wl, out, errors, steps_note(spec))
+    # the tools of one CLI run share the filtered view (``ranks`` is kept alive by the check)
+    _STEPS_CACHE.clear()
+    _STEPS_CACHE.update(key=key, ranks=ranks, value=value)
+    return value
+
+
+def hta_times(rt: RankTrace, rounding: str = "hta") -> tuple[np.ndarray, np.ndarray]:
+    """``(start, end)`` µs of every row; ``rounding="hta"`` as :func:`gpu_intervals` (HTA
+    rounds every event, CPU and GPU, when the file has sub-µs timestamps)."""
+    every = np.ones(len(rt), dtype=bool)
+    return gpu_intervals(rt, every, rounding)
+
+
+def launch_rows(rt: RankTrace) -> tuple[np.ndarray, np.ndarray]:
+    """``(gpu_row, cpu_row)`` pairs linked by correlation id: each GPU event (stream >= 0)
+    and the non-GPU event (runtime call) that launched it. GPU events without a launching
+    event in the trace are left out; with several candidates the last in file order wins,
+    as in HTA's ``transform_correlation_to_index``."""
+    gpu = rt.gpu_mask & (rt.correlation >= 0)
+    cpu = ~rt.gpu_mask & (rt.stream < 0) & (rt.correlation >= 0)
+    c_rows = np.flatnonzero(cpu)
+    c_corr = rt.correlation[c_rows]
+    # last occurrence per correlation id
+    order = np.lexsort((c_rows, c_corr))
+    c_corr, c_rows = c_corr[order], c_rows[order]
+    last = np.r_[c_corr[1:] != c_corr[:-1], True] if c_corr.size else np.zeros(0, dtype=bool)
+    c_corr, c_rows = c_corr[last], c_rows[last]
+    g_rows = np.flatnonzero(gpu)
+    pos = np.searchsorted(c_corr, rt.correlation[g_rows])
+    pos_ok = np.minimum(pos, max(c_corr.size - 1, 0))
+    found = (pos < c_corr.size) & (c_corr[pos_ok] == rt.correlation[g_rows]) if c_corr.size \
+        else np.zeros(g_rows.size, dtype=bool)
+    return g_rows[found], c_rows[pos_ok[found]]

@@ -68,6 +68,10 @@ class TraceError(Exception):
         return (TraceError, (self.file, self.reason))
 
 
+class MixedJobsError(TraceError):
+    """A directory holds traces of more than one job (see :func:`find_workload`)."""
+
+
 # ----------------------------------------------------------------------------- kinds
 KIND_OTHER = 0
 KIND_KERNEL = 1              # cat "kernel" (GPU, has args.stream)
@@ -574,21 +578,98 @@ def _is_trace_file(p: Path) -> bool:
     return p.is_file() and n.endswith(_TRACE_SUFFIXES)
 
 
-def _head_rank(path: Path, nbytes: int = 1 << 20) -> int | None:
-    """``distributedInfo.rank`` if it appears in the first MiB of the file."""
+def _head(path: Path, nbytes: int = 1 << 20) -> str:
     try:
         with _open_text(path) as fh:
-            head = fh.read(nbytes)
+            return fh.read(nbytes)
     except (OSError, EOFError, zlib.error, UnicodeDecodeError):
-        return None
-    m = _DIST_RANK_RE.search(head)
+        return ""
+
+
+def _head_rank(path: Path, nbytes: int = 1 << 20) -> int | None:
+    """``distributedInfo.rank`` if it appears in the first MiB of the file."""
+    m = _DIST_RANK_RE.search(_head(path, nbytes))
     return int(m.group(1)) if m else None
+
+
+_DIST_RE = re.compile(r'"distributedInfo"\s*:\s*(\{[^{}]*)', re.DOTALL)
+_FIELD_RE = {k: re.compile(rf'"{k}"\s*:\s*"?([\w.:-]+)') for k in ("backend", "world_size")}
+_TS_RE = re.compile(r'"ts"\s*:\s*"?(-?[\d.]+)')
+# traces of one job start within this of each other (µs): profilers start on every rank
+# at the same step; separate runs of a job are hours apart
+JOB_START_GAP_US = 600e6
+
+
+def job_signature(path: Path) -> tuple | None:
+    """``(backend, world_size, first_ts_us)`` from the first MiB (None where absent);
+    None for an unreadable file (reported by the parser later)."""
+    head = _head(Path(path))
+    if not head:
+        return None
+    m = _DIST_RE.search(head)
+    info = {}
+    if m:
+        for k, rx in _FIELD_RE.items():
+            f = rx.search(m.group(1))
+            info[k] = f.group(1) if f else None
+    t = _TS_RE.search(head)
+    if not m and not t:  # not a trace we can place; the parser names the problem
+        return None
+    return info.get("backend"), info.get("world_size"), float(t.group(1)) if t else None
+
+
+def _jobs(files) -> list[list]:
+    """Group trace files into jobs: same distributedInfo backend/world_size and start times
+    within :data:`JOB_START_GAP_US` of each other."""
+    by_info: dict = {}
+    for f in files:
+        sig = job_signature(f)
+        if sig is None:
+            continue
+        b, ws, t0 = sig
+        by_info.setdefault((b, ws), []).append((t0, f))
+    jobs = []
+    for (b, ws), items in by_info.items():
+        timed = sorted((t, f) for t, f in items if t is not None)
+        group: list = []
+        last = None
+        for t, f in timed:
+            if last is not None and t - last > JOB_START_GAP_US:
+                jobs.append(((b, ws, group[0][0]), group))
+                group = []
+            group.append((t, f))
+            last = t
+        group += [(None, f) for t, f in items if t is None]
+        if group:
+            jobs.append(((b, ws, group[0][0]), group))
+    return jobs
+
+
+def _describe_job(sig, group) -> str:
+    b, ws, t0 = sig
+    what = f"backend {b}, world_size {ws}" if b or ws else "no distributedInfo"
+    names = ", ".join(Path(f).name for _, f in group[:3]) + (f" (+{len(group) - 3} more)" if len(group) > 3 else "")
+    return f"[{what}, first ts {t0:.0f} us: {names}]" if t0 is not None else f"[{what}: {names}]"
 
 
 def _latest_iteration(d: Path) -> Path | None:
     its = [(int(m.group(1)), p) for p in d.iterdir() if p.is_dir()
            and (m := _ITER_RE.search(p.name))]
     return max(its)[1] if its else None
+
+
+KNOWN_CARD_KEYS = ("batch_size", "local_batch_size", "global_batch_size", "seq_len", "sequence_length",
+                   "tokens_per_step", "flops_per_token", "model_flops_per_token", "flops_per_step",
+                   "peak_flops", "dp_size")
+
+
+def unknown_card_keys(card: dict | None) -> str | None:
+    """A warning naming the card keys no tool reads (typos), listing the known ones."""
+    bad = sorted(str(k) for k in (card or {}) if k not in KNOWN_CARD_KEYS)
+    if not bad:
+        return None
+    return (f"workload card: unknown key(s) {', '.join(bad)} (ignored); known keys: "
+            + ", ".join(KNOWN_CARD_KEYS))
 
 
 def load_card(path) -> dict:
@@ -620,8 +701,13 @@ def load_card(path) -> dict:
     return card
 
 
-def find_workload(path, workload_card_path=None) -> Workload:
-    """Discover trace files (by rank), memory snapshots (by rank) and the workload card."""
+def find_workload(path, workload_card_path=None, allow_mixed: bool = False) -> Workload:
+    """Discover trace files (by rank), memory snapshots (by rank) and the workload card.
+
+    Traces of different jobs (by distributedInfo backend / world_size and trace start
+    time, see :func:`_jobs`) raise :class:`TraceError` naming the jobs, unless
+    ``allow_mixed``.
+    """
     notes: list = []
     if isinstance(path, (list, tuple)):
         files = [Path(p) for p in path]
@@ -655,6 +741,14 @@ def find_workload(path, workload_card_path=None) -> Workload:
     for f in files:
         if not f.is_file():
             raise TraceError(f, "file not found")
+    if len(files) > 1:
+        jobs = _jobs(files)
+        if len(jobs) > 1 and not allow_mixed:
+            raise MixedJobsError(root, f"traces from {len(jobs)} different jobs: "
+                             + "; ".join(_describe_job(s, g) for s, g in jobs)
+                             + " — analyse one job per directory, or pass --allow-mixed (allow_mixed=True)")
+        if len(jobs) > 1:
+            notes.append(f"traces of {len(jobs)} different jobs analysed together (allow_mixed)")
     traces: dict = {}
     unranked = []
     for f in sorted(files):

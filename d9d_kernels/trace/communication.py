@@ -27,7 +27,7 @@ from collections import defaultdict
 
 import numpy as np
 
-from d9d_kernels.trace._common import open_workload, rank_key, resolve_mode
+from d9d_kernels.trace._common import open_steps, rank_key, resolve_mode
 from d9d_kernels.trace._load import COMM_ANNOTATION_RE, KIND_KERNEL, RankTrace
 from d9d_kernels.trace._result import metric, result
 
@@ -145,11 +145,12 @@ def collective_events(rt: RankTrace, mode: str):
     return out
 
 
-def metric_cal(trace_dir, workload_card_path=None, profile_mode="auto") -> dict:
+def metric_cal(trace_dir, workload_card_path=None, profile_mode="auto", steps="hta",
+               allow_mixed=False) -> dict:
     """Per-rank, per-type, per-process-group communication statistics."""
-    wl, ranks, errors = open_workload(trace_dir, workload_card_path)
+    wl, ranks, errors, steps_note = open_steps(trace_dir, workload_card_path, steps, allow_mixed)
     out = {}
-    notes = list(wl.notes)
+    notes = list(wl.notes) + [steps_note]
     no_args = set()
     totals = {}
     for r, rt in ranks.items():

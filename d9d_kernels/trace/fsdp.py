@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from d9d_kernels.trace import _intervals as iv
-from d9d_kernels.trace._common import STEP_FILTER_NOTE, gpu_rows, open_workload, rank_key
+from d9d_kernels.trace._common import gpu_rows, open_steps, rank_key
 from d9d_kernels.trace._load import KIND_GPU_USER_ANNOTATION, KIND_KERNEL, RankTrace, TraceError
 from d9d_kernels.trace._result import metric, result
 
@@ -218,7 +218,8 @@ def _rank_metrics(raw: dict) -> dict:
     return out
 
 
-def metric_cal(trace_dir, workload_card_path=None, profile_mode="auto", step_filter="hta") -> dict:
+def metric_cal(trace_dir, workload_card_path=None, profile_mode="auto", steps="hta",
+               allow_mixed=False, step_filter=None) -> dict:
     """FSDP all-gather / reduce-scatter / reshard / copy-in/out per rank (see module docstring).
 
     A trace with no FSDP label gives ``fsdp_activity: False`` per rank and the note
@@ -231,15 +232,15 @@ def metric_cal(trace_dir, workload_card_path=None, profile_mode="auto", step_fil
     if profile_mode not in ("auto", "gpu", "cpu"):
         raise ValueError(f"{TOOL}: profile_mode must be 'auto', 'gpu' or 'cpu', got {profile_mode!r}")
     try:
-        wl, ranks, errors = open_workload(trace_dir, workload_card_path)
+        wl, ranks, errors, steps_note = open_steps(trace_dir, workload_card_path, steps, allow_mixed, step_filter)
     except TraceError as exc:
         return result(TOOL, errors={exc.file: exc.reason})
     out = {}
-    notes = list(wl.notes)
+    notes = list(wl.notes) + [steps_note]
     any_found = False
     any_gpu = False
     for r, rt in ranks.items():
-        raw = rank_fsdp(rt, step_filter)
+        raw = rank_fsdp(rt, "all")  # open_steps already applied the filter
         any_gpu |= raw["comm_source"] == "gpu"
         if profile_mode == "cpu":
             raw["comm"] = {k: {kk: vv for kk, vv in v.items() if kk != "exposed_time"}
@@ -259,6 +260,4 @@ def metric_cal(trace_dir, workload_card_path=None, profile_mode="auto", step_fil
             if ex:
                 summary[f"{t}_exposed_time_max"] = metric(max(ex), "us",
                                                           f"max over ranks of {t} exposed_time")
-    if any_gpu:
-        notes.append(STEP_FILTER_NOTE + f" (step_filter={step_filter!r})")
     return result(TOOL, ranks=out, summary=summary, notes=notes, errors=errors)

@@ -19,27 +19,26 @@ import numpy as np
 from d9d_kernels.trace import _intervals as iv
 from d9d_kernels.trace._common import (
     ROUNDING_NOTE,
-    STEP_FILTER_NOTE,
     gpu_intervals,
     gpu_rows,
-    open_workload,
+    open_steps,
     rank_key,
     resolve_mode,
 )
 from d9d_kernels.trace._result import metric, result
 
 
-def metric_cal(trace_dir, workload_card_path=None, profile_mode="auto", step_filter="hta",
-               rounding="hta") -> dict:
+def metric_cal(trace_dir, workload_card_path=None, profile_mode="auto", steps="hta",
+               allow_mixed=False, step_filter=None, rounding="hta") -> dict:
     """Busy/idle per device and stream for every rank."""
-    wl, ranks, errors = open_workload(trace_dir, workload_card_path)
+    wl, ranks, errors, steps_note = open_steps(trace_dir, workload_card_path, steps, allow_mixed, step_filter)
     out = {}
     utils = []
     for r, rt in ranks.items():
         if resolve_mode(rt, profile_mode) != "gpu":
             out[rank_key(r)] = {"mode": "cpu", "note": "no GPU events in this trace"}
             continue
-        rows = np.flatnonzero(gpu_rows(rt, step_filter))
+        rows = np.flatnonzero(gpu_rows(rt, "all"))  # filtered by open_steps
         s, e = gpu_intervals(rt, rows, rounding)
         dev = np.where(rt.device[rows] >= 0, rt.device[rows], rt.pid[rows])
         stream = rt.stream[rows]
@@ -76,5 +75,5 @@ def metric_cal(trace_dir, workload_card_path=None, profile_mode="auto", step_fil
                                                  "mean over ranks/devices of utilization_pct")
         summary["min_utilization_pct"] = metric(float(np.min(utils)), "%",
                                                 "lowest utilization_pct over ranks/devices")
-    return result("gpu_utilization", out, summary, list(wl.notes) + [STEP_FILTER_NOTE, ROUNDING_NOTE],
+    return result("gpu_utilization", out, summary, list(wl.notes) + [steps_note, ROUNDING_NOTE],
                   errors)

@@ -26,13 +26,12 @@ from d9d_kernels.trace._common import (
     KERNEL_CLASSES,
     KERNEL_RULES_DOC,
     ROUNDING_NOTE,
-    STEP_FILTER_NOTE,
     classify_rows,
     gpu_intervals,
     gpu_rows,
     hta_type,
     kernel_class,
-    open_workload,
+    open_steps,
     rank_key,
     resolve_mode,
 )
@@ -102,20 +101,20 @@ def class_breakdown(rt: RankTrace, step_filter="hta", rounding="hta", top: int =
     return out
 
 
-def metric_cal(trace_dir, workload_card_path=None, profile_mode="auto", step_filter="hta",
-               rounding="hta", include_memory_kernels=True) -> dict:
+def metric_cal(trace_dir, workload_card_path=None, profile_mode="auto", steps="hta",
+               allow_mixed=False, step_filter=None, rounding="hta", include_memory_kernels=True) -> dict:
     """Kernel time by class, and HTA's kernel-type breakdown, per rank."""
-    wl, ranks, errors = open_workload(trace_dir, workload_card_path)
+    wl, ranks, errors, steps_note = open_steps(trace_dir, workload_card_path, steps, allow_mixed, step_filter)
     out = {}
-    notes = list(wl.notes) + ["classes: " + KERNEL_RULES_DOC, STEP_FILTER_NOTE, ROUNDING_NOTE]
+    notes = list(wl.notes) + ["classes: " + KERNEL_RULES_DOC, steps_note, ROUNDING_NOTE]
     agg: dict = defaultdict(float)
     hta_agg: dict = defaultdict(float)
     for r, rt in ranks.items():
         if resolve_mode(rt, profile_mode) != "gpu":
             out[rank_key(r)] = {"mode": "cpu", "note": "no GPU kernels in this trace"}
             continue
-        by_class = class_breakdown(rt, step_filter, rounding)
-        hta = hta_type_breakdown(rt, step_filter, rounding, include_memory_kernels)
+        by_class = class_breakdown(rt, "all", rounding)  # filtered by open_steps
+        hta = hta_type_breakdown(rt, "all", rounding, include_memory_kernels)
         tot = sum(hta.values())
         for k, v in hta.items():
             hta_agg[k] += v

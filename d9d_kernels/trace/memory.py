@@ -329,7 +329,7 @@ def memory_events_from_trace(doc: dict) -> dict[str, dict]:
     return out
 
 
-def _trace_docs(trace_dir, errors: dict, notes: list):
+def _trace_docs(trace_dir, errors: dict, notes: list, allow_mixed: bool = False):
     """``[(rank_key, doc)]`` of the rank traces that hold ``[memory]`` events.
 
     ``RankTrace`` keeps complete events only, so the raw JSON is read again; a
@@ -339,7 +339,7 @@ def _trace_docs(trace_dir, errors: dict, notes: list):
     from ._load import TraceError, find_workload
 
     try:
-        wl = find_workload(trace_dir)
+        wl = find_workload(trace_dir, allow_mixed=allow_mixed)
     except TraceError as exc:
         notes.append(f"no profiler traces read for [memory] events: {exc}")
         return []
@@ -367,12 +367,15 @@ def _trace_docs(trace_dir, errors: dict, notes: list):
 # ----------------------------------------------------------------------------- entry point
 
 
-def metric_cal(trace_dir, workload_card_path=None, profile_mode: str = "auto") -> dict:
+def metric_cal(trace_dir, workload_card_path=None, profile_mode: str = "auto", steps="hta",
+               allow_mixed=False) -> dict:
     """Memory metrics per rank from snapshots and/or profiler ``[memory]`` events.
 
     Args:
         trace_dir: workload dir, trace dir, snapshot ``.pickle`` or a dir of snapshots.
         workload_card_path: unused (accepted for the common tool signature).
+        steps, allow_mixed: accepted for the common tool signature; snapshots and
+            ``[memory]`` events are not step-filtered (the notes say so).
         profile_mode: ``"auto"``/``"gpu"`` (both sources), ``"snapshot"`` (snapshots
             only), ``"trace"``/``"cpu"`` (profiler ``[memory]`` events only).
 
@@ -441,7 +444,7 @@ def metric_cal(trace_dir, workload_card_path=None, profile_mode: str = "auto") -
     if use_trace and not pickles_only:
         any_events = False
         target = trace_inputs[0] if len(trace_inputs) == 1 else trace_inputs
-        for rank_key, doc in _trace_docs(target, errors, notes):
+        for rank_key, doc in _trace_docs(target, errors, notes, allow_mixed):
             ev = memory_events_from_trace(doc)
             if ev:
                 any_events = True
@@ -449,6 +452,9 @@ def metric_cal(trace_dir, workload_card_path=None, profile_mode: str = "auto") -
         if not any_events:
             notes.append("no profiler [memory] events in the traces (profile_memory=False)")
 
+    if not pickles_only:
+        notes.append(f"step filter: not applied (steps={steps!r}); snapshots and [memory] events "
+                     "cover the whole profiled window")
     summary: dict[str, Any] = {}
     peaks: dict[tuple[str, str], list] = {}
     for r in ranks.values():

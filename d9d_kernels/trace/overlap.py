@@ -24,13 +24,12 @@ import numpy as np
 
 from d9d_kernels.trace import _intervals as iv
 from d9d_kernels.trace._common import (
-    STEP_FILTER_NOTE,
     classify_rows,
     ROUNDING_NOTE,
     gpu_intervals,
     gpu_rows,
     hta_type,
-    open_workload,
+    open_steps,
     rank_key,
     resolve_mode,
 )
@@ -76,16 +75,16 @@ def _pct(x, total):
     return 100.0 * x / total if total > 0 else None
 
 
-def metric_cal(trace_dir, workload_card_path=None, profile_mode="auto", step_filter="hta",
-               rounding="hta") -> dict:
+def metric_cal(trace_dir, workload_card_path=None, profile_mode="auto", steps="hta",
+               allow_mixed=False, step_filter=None, rounding="hta") -> dict:
     """Overlap / exposed communication / idle breakdown per rank (see module docstring)."""
-    wl, ranks, errors = open_workload(trace_dir, workload_card_path)
+    wl, ranks, errors, steps_note = open_steps(trace_dir, workload_card_path, steps, allow_mixed, step_filter)
     out: dict = {}
-    notes = list(wl.notes)
+    notes = list(wl.notes) + [steps_note]
     for r, rt in ranks.items():
         mode = resolve_mode(rt, profile_mode)
         if mode == "gpu":
-            b = temporal_breakdown(rt, step_filter, rounding)
+            b = temporal_breakdown(rt, "all", rounding)  # filtered by open_steps
             if not b:
                 out[rank_key(r)] = {"mode": "gpu", "note": "no GPU events after the step filter"}
                 continue
@@ -120,7 +119,7 @@ def metric_cal(trace_dir, workload_card_path=None, profile_mode="auto", step_fil
                 "exposed_comm_time": metric(b["exposed_comm"], "us", "comm_time - overlap_time"),
             }
     if any(v.get("mode") == "gpu" for v in out.values()):
-        notes += [STEP_FILTER_NOTE, ROUNDING_NOTE]
+        notes += [ROUNDING_NOTE]
     summary = {}
     vals = [v["overlap_pct"]["value"] for v in out.values()
             if "overlap_pct" in v and v["overlap_pct"]["value"] is not None]

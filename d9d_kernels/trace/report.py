@@ -20,7 +20,7 @@ from typing import Any, Iterable
 MAX_RANK_COLUMNS = 8
 # detail kept in the JSON but left out of tables (per-step series, name lists)
 _SKIP_KEYS = {"steps", "snapshot_iterations", "annotations", "operations", "top_kernels",
-              "by_iteration", "hta_kernel_type"}
+              "by_iteration", "hta_kernel_type", "series", "longest_delays", "top_events"}
 _MAX_DEPTH = 5
 
 
@@ -105,7 +105,7 @@ def _aggregate(cells: dict) -> list[str]:
             and math.isfinite(m["value"])]
     if not nums:
         vals = {str(m.get("value")) for m in cells.values()}
-        return [", ".join(sorted(vals))[:40], "", "", ""]
+        return [ellipsize(", ".join(sorted(vals)), 40), "", "", ""]
     nums.sort(key=lambda x: x[0])
     unit = next(iter(cells.values())).get("unit", "")
     med = nums[len(nums) // 2][0]
@@ -123,12 +123,20 @@ def _table_rows(res: dict) -> tuple[list[str], list[list[str]], list[list[str]]]
     return ["metric"] + cols, body, srows
 
 
+TEXT_WIDTH = 60
+
+
+def ellipsize(s: str, width: int = TEXT_WIDTH) -> str:
+    """Cut ``s`` to ``width`` characters with a visible ellipsis (text output only; JSON keeps it whole)."""
+    return s if len(s) <= width else s[: width - 1] + "\u2026"
+
+
 def _text_table(header: list[str], body: list[list[str]]) -> str:
     if not body:
         return ""
     widths = [max(len(str(r[i])) for r in [header] + body) for i in range(len(header))]
-    widths = [min(w, 60) for w in widths]
-    line = lambda r: "  ".join(str(c)[:60].ljust(w) for c, w in zip(r, widths)).rstrip()  # noqa: E731
+    widths = [min(w, TEXT_WIDTH) for w in widths]
+    line = lambda r: "  ".join(ellipsize(str(c)).ljust(w) for c, w in zip(r, widths)).rstrip()  # noqa: E731
     return "\n".join([line(header), line(["-" * w for w in widths])] + [line(r) for r in body])
 
 
@@ -143,6 +151,8 @@ def text_report(results: dict[str, dict]) -> str:
         if srows:
             parts.append("summary:")
             parts.append(_text_table(["metric", "value"], srows))
+        for w in res.get("warnings") or []:
+            parts.append(f"WARNING: {w}")
         for n in res.get("notes") or []:
             parts.append(f"note: {n}")
         for f, why in (res.get("errors") or {}).items():
@@ -219,7 +229,7 @@ def _chart_breakdown(results, plt):
     ov = _ranks(results.get("overlap"))
     tp = _ranks(results.get("training_phases"))
     ov = [(r, d) for r, d in ov if _val(d.get("compute_pct")) is not None]
-    tp = [(r, d) for r, d in tp if _val(d.get("step_time"))]
+    tp = [(r, d) for r, d in tp if _val(d.get("step_time_total"))]
     if not ov and not tp:
         return None
     n = int(bool(ov)) + int(bool(tp))
@@ -304,9 +314,28 @@ def _chart_kernels(results, plt):
     return fig
 
 
+def _chart_queue(results, plt):
+    rs = _ranks(results.get("counters"))
+    if not rs:
+        return None
+    rank, d = rs[0]
+    streams = [(k, v["series"]) for k, v in (d.get("streams") or {}).items() if v.get("series", {}).get("ts_us")]
+    if not streams:
+        return None
+    fig, ax = plt.subplots(figsize=(9, 3.0))
+    t0 = min(s["ts_us"][0] for _, s in streams)
+    for k, s in streams:
+        ax.step([(t - t0) / 1e3 for t in s["ts_us"]], s["queue_length"], where="post", label=k, lw=0.8)
+    ax.set_xlabel("ms since the first launch")
+    ax.set_ylabel("queued operations")
+    ax.set_title(f"Launch queue length per stream ({rank}; counters tool)")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    return fig
+
+
 CHARTS = (("Per-rank step time", _chart_step_time), ("Time breakdown", _chart_breakdown),
           ("Communication bandwidth", _chart_comm), ("Memory", _chart_memory),
-          ("Kernel classes", _chart_kernels))
+          ("Kernel classes", _chart_kernels), ("Queue length", _chart_queue))
 
 
 def charts(results: dict[str, dict]) -> list[tuple[str, str | None, str | None]]:
@@ -387,6 +416,8 @@ def html_report(results: dict[str, dict], title: str = "Trace analysis",
             parts.append("<p><b>summary</b></p>")
             parts.append(_html_table(["metric", "value"], srows,
                                      [c["all"].get("definition", "") for _, c in summ]))
+        for w in res.get("warnings") or []:
+            parts.append(f"<p class='err'>warning: {e(str(w))}</p>")
         for n in res.get("notes") or []:
             parts.append(f"<p class='note'>note: {e(str(n))}</p>")
         for f, why in (res.get("errors") or {}).items():

@@ -21,7 +21,7 @@ from collections import defaultdict
 
 import numpy as np
 
-from d9d_kernels.trace._common import open_workload, rank_key, resolve_mode
+from d9d_kernels.trace._common import open_steps, rank_key, resolve_mode
 from d9d_kernels.trace._result import metric, result
 from d9d_kernels.trace.communication import collective_events
 
@@ -69,10 +69,11 @@ def match_collectives(per_rank: dict) -> tuple[dict, dict, dict, int, list]:
     return waits, last, total, matched, notes
 
 
-def metric_cal(trace_dir, workload_card_path=None, profile_mode="auto") -> dict:
+def metric_cal(trace_dir, workload_card_path=None, profile_mode="auto", steps="hta",
+               allow_mixed=False) -> dict:
     """Per-rank step time, spread and collective wait attribution."""
-    wl, ranks, errors = open_workload(trace_dir, workload_card_path)
-    notes = list(wl.notes)
+    wl, ranks, errors, steps_note = open_steps(trace_dir, workload_card_path, steps, allow_mixed)
+    notes = list(wl.notes) + [steps_note]
     out = {}
     med = {}
     per_rank = {}

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from d9d_kernels.trace._common import card_of, device_peak_flops, open_workload, rank_key
+from d9d_kernels.trace._common import card_of, device_peak_flops, open_steps, rank_key
+from d9d_kernels.trace._load import unknown_card_keys
 from d9d_kernels.trace._result import metric, result
 
 
@@ -42,11 +43,12 @@ def tokens_per_step(card: dict, world_size: int | None) -> float | None:
     return bs * seq if (bs is not None and seq is not None) else None
 
 
-def metric_cal(trace_dir, workload_card_path=None, profile_mode="auto") -> dict:
+def metric_cal(trace_dir, workload_card_path=None, profile_mode="auto", steps="hta",
+               allow_mixed=False) -> dict:
     """Per-rank step times, tokens/s and MFU."""
-    wl, ranks, errors = open_workload(trace_dir, workload_card_path)
+    wl, ranks, errors, steps_note = open_steps(trace_dir, workload_card_path, steps, allow_mixed)
     card = card_of(wl, workload_card_path)
-    notes = list(wl.notes)
+    notes = list(wl.notes) + [steps_note]
     out = {}
     med_all = []
     tps_all = []
@@ -102,4 +104,5 @@ def metric_cal(trace_dir, workload_card_path=None, profile_mode="auto") -> dict:
                                                "sum of tokens_per_s over the ranks in the trace set")
     if not card:
         notes.append("no workload card: tokens/s and MFU not computed")
-    return result("throughput", out, summary, notes, errors)
+    warn = unknown_card_keys(card)
+    return result("throughput", out, summary, notes, errors, [warn] if warn else [])

@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from d9d_kernels.trace import _intervals as iv
-from d9d_kernels.trace._common import open_workload, rank_key
+from d9d_kernels.trace._common import open_steps, rank_key
 from d9d_kernels.trace._load import (
     KIND_CPU_OP,
     KIND_GPU_USER_ANNOTATION,
@@ -238,7 +238,8 @@ def _rank_metrics(raw: dict) -> dict:
     out: dict[str, Any] = {
         "num_steps": metric(n, "count", "ProfilerStep#N spans analysed (1 pseudo-step 'all' "
                                         "when the trace has none)"),
-        "step_time": metric(tot["step"], "us", "sum over steps of " + DEFINITIONS["step"]),
+        "step_time_total": metric(tot["step"], "us", "sum over steps of " + DEFINITIONS["step"]),
+        "step_time_mean": metric(tot["step"] / n if n else None, "us", "step_time_total / num_steps"),
     }
     for ph in (*PHASES, "other"):
         missing = ph != "other" and not raw["found"][ph]
@@ -250,7 +251,7 @@ def _rank_metrics(raw: dict) -> dict:
         out[f"{ph}_time_per_step"] = metric(None if missing or not n else tot[ph] / n, "us",
                                             f"mean per step of {ph}_time")
         out[f"{ph}_pct"] = metric(None if missing or tot["step"] <= 0 else 100 * tot[ph] / tot["step"],
-                                  "%", f"{ph}_time / step_time * 100")
+                                  "%", f"{ph}_time / step_time_total * 100")
     if raw["has_gpu"]:
         for ph in (*PHASES, "step"):
             v = sum(d.get(f"{ph}_gpu", 0.0) for d in steps.values())
@@ -270,7 +271,8 @@ def _rank_metrics(raw: dict) -> dict:
     return out
 
 
-def metric_cal(trace_dir, workload_card_path=None, profile_mode="auto") -> dict:
+def metric_cal(trace_dir, workload_card_path=None, profile_mode="auto", steps="hta",
+               allow_mixed=False) -> dict:
     """Forward / backward / optimizer time per rank and per step (see module docstring).
 
     ``profile_mode``: ``"cpu"`` skips the GPU-time attribution; ``"auto"``/``"gpu"``
@@ -283,11 +285,11 @@ def metric_cal(trace_dir, workload_card_path=None, profile_mode="auto") -> dict:
     if profile_mode not in ("auto", "gpu", "cpu"):
         raise ValueError(f"{TOOL}: profile_mode must be 'auto', 'gpu' or 'cpu', got {profile_mode!r}")
     try:
-        wl, ranks, errors = open_workload(trace_dir, workload_card_path)
+        wl, ranks, errors, steps_note = open_steps(trace_dir, workload_card_path, steps, allow_mixed)
     except TraceError as exc:
         return result(TOOL, errors={exc.file: exc.reason})
     out: dict[str, dict] = {}
-    notes = list(wl.notes)
+    notes = list(wl.notes) + [steps_note]
     for r, rt in ranks.items():
         raw = rank_phases(rt)
         if profile_mode == "cpu":

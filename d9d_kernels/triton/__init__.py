@@ -11,4 +11,4 @@ The op modules are imported lazily by ``d9d_kernels.ops`` when the
 ``"triton"`` backend is picked; importing this package does not import triton.
 """
 
-OPS = ("weighted_moments", "class_stats", "binary_stats", "score_histogram", "running_extrema")
+from d9d_kernels._extension import OPS  # noqa: F401  (one op per module here)

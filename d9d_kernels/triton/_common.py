@@ -1,5 +1,6 @@
 """Helpers shared by the Triton kernels: op registration, block sizes, jit helpers."""
 
+import struct
 from typing import Callable
 
 import torch
@@ -23,6 +24,9 @@ TILE = 8192 if INTERPRETED else 2048
 # 1-D reductions run a grid-stride loop on at most this many programs, so the
 # number of atomics on the few hot state addresses does not grow with N.
 # Tiny under the interpreter so that small test inputs exercise the loop.
+# 2-D kernels loop over row tiles on at most this many programs as well.
+# Counters and partial sums are read only by later launches (stream order),
+# so every atomic is sem="relaxed" (Triton's default is acq_rel).
 MAX_PROGRAMS = 2 if INTERPRETED else 1024
 
 
@@ -56,6 +60,39 @@ def register(name: str, mutates_args: tuple[str, ...]) -> Callable:
 def launch(kernel):
     """``wrap_triton(kernel)`` so launches inside a triton_op are traceable."""
     return torch.library.wrap_triton(kernel)
+
+
+# Per-launch scratch (flags, partials) reused across calls: one buffer per
+# (name, device, stream), so a call allocates nothing after the first and
+# two streams never share one. Under torch.compile tracing a fresh tensor is
+# made instead (a cached real tensor must not leak into a traced graph).
+_SCRATCH: dict = {}
+
+
+def scratch(name: str, shape: tuple, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A reusable buffer of ``shape``/``dtype`` on ``device`` (contents undefined)."""
+    if torch.compiler.is_compiling():
+        return torch.empty(shape, dtype=dtype, device=device)
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    key = (name, device, stream)
+    buf = _SCRATCH.get(key)
+    if buf is None or buf.shape != shape or buf.dtype != dtype:
+        buf = _SCRATCH[key] = torch.empty(shape, dtype=dtype, device=device)
+    return buf
+
+
+def f64_bits(v: float) -> int:
+    """A float64 as the int64 of its bits: a kernel argument that keeps full
+    precision (a Python float argument is rounded to float32 by Triton) and
+    needs no device tensor. The kernel reads it back with ``from_bits``."""
+    return struct.unpack("<q", struct.pack("<d", float(v)))[0]
+
+
+@triton.jit
+def from_bits(bits):
+    # Triton types small ints (0.0's bits, tiny denormals) as int32 and may make
+    # 1 a constant: widen first (sign extension keeps the bits' value).
+    return tl.cast(bits, tl.int64).to(tl.float64, bitcast=True)
 
 
 def pow2(n: int) -> int:

@@ -1,14 +1,17 @@
 """Triton binary_stats: per-label tp / fp / tn / fn over ``[N, L]``.
 
-Design: a 2-D grid of ``[BLOCK_N, BLOCK_L]`` tiles; each program counts its
-tile in float64, reduces over rows and adds the 4 per-label counts with one
-vector ``tl.atomic_add`` each (not one atomic per element: with L = 1 every
-element would hit the same 4 addresses). ``threshold`` travels as a float64
-tensor: a Python float argument would be rounded to float32 by Triton.
+Design: a grid of at most ``MAX_PROGRAMS`` x (label tiles) programs; each
+loops over ``[BLOCK_N, BLOCK_L]`` row tiles, counts in int64 and adds the 4
+per-label counts with one relaxed vector ``tl.atomic_add`` each at the end
+(not one atomic per element: with L = 1 every element would hit the same 4
+addresses). ``threshold`` travels as the int64 of its float64 bits (a Python
+float argument would be rounded to float32 by Triton; a tensor would cost an
+allocation and a copy per call).
 
 ``INPUT_AUTO`` needs "any valid pred of the call lies outside [0, 1]" before
 anything is counted: ``outside_kernel`` computes it into an int32 flag first
-(one extra read of preds/target/mask, like the reference's ``any()``).
+(one extra read of preds/target/mask, like the reference's ``any()``), in a
+buffer reused across calls (``_common.scratch``): no allocation, no host sync.
 """
 
 from typing import Optional
@@ -18,14 +21,16 @@ import triton
 import triton.language as tl
 
 from d9d_kernels.reference import INPUT_AUTO, INPUT_LOGITS
-from d9d_kernels.triton._common import TILE, as_u8, finite, launch, loadable, pow2, register, sigmoid
+from d9d_kernels.triton._common import (
+    MAX_PROGRAMS, TILE, as_u8, f64_bits, finite, from_bits, launch, loadable, pow2, register, scratch, sigmoid,
+)
 
 
 @triton.jit
-def load_tile(p_ptr, t_ptr, m_ptr, n, L, ignore, HAS_M: tl.constexpr, HAS_IGNORE: tl.constexpr,
+def load_tile(p_ptr, t_ptr, m_ptr, rt, n, L, ignore, HAS_M: tl.constexpr, HAS_IGNORE: tl.constexpr,
               BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr):
-    """Tile of preds (float64), targets, kept entries and ok (kept, 0/1 target, finite pred)."""
-    rows = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    """Row tile ``rt``: preds (float64), targets, kept entries and ok (kept, 0/1 target, finite pred)."""
+    rows = tl.arange(0, BLOCK_N).to(tl.int64) + rt * BLOCK_N
     cols = tl.program_id(1) * BLOCK_L + tl.arange(0, BLOCK_L)
     offs = rows[:, None] * L + cols[None, :]
     keep = (rows[:, None] < n) & (cols[None, :] < L)
@@ -43,9 +48,11 @@ def load_tile(p_ptr, t_ptr, m_ptr, n, L, ignore, HAS_M: tl.constexpr, HAS_IGNORE
 def outside_kernel(p_ptr, t_ptr, m_ptr, flag_ptr, n, L, ignore, HAS_M: tl.constexpr, HAS_IGNORE: tl.constexpr,
                    BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr):
     """flag = 1 if an ok entry's pred lies outside [0, 1] (INPUT_AUTO -> logits)."""
-    p, t, keep, ok, cols = load_tile(p_ptr, t_ptr, m_ptr, n, L, ignore, HAS_M, HAS_IGNORE, BLOCK_N, BLOCK_L)
-    out = ok & ((p < 0) | (p > 1))
-    tl.atomic_max(flag_ptr, tl.max(tl.max(out.to(tl.int32), 1), 0))
+    out = tl.zeros([BLOCK_N, BLOCK_L], tl.int32)
+    for rt in range(tl.program_id(0), tl.cdiv(n, BLOCK_N), tl.num_programs(0)):
+        p, t, keep, ok, cols = load_tile(p_ptr, t_ptr, m_ptr, rt, n, L, ignore, HAS_M, HAS_IGNORE, BLOCK_N, BLOCK_L)
+        out = tl.maximum(out, (ok & ((p < 0) | (p > 1))).to(tl.int32))
+    tl.atomic_max(flag_ptr, tl.max(tl.max(out, 1), 0), sem="relaxed")
 
 
 @triton.jit
@@ -59,25 +66,50 @@ def to_prob(p, flag_ptr, KIND: tl.constexpr):
 
 
 @triton.jit
-def _binary_stats_kernel(p_ptr, t_ptr, m_ptr, flag_ptr, thr_ptr, state_ptr, bad_ptr, n, L, ignore,
+def _binary_stats_kernel(p_ptr, t_ptr, m_ptr, flag_ptr, thr_bits, state_ptr, bad_ptr, n, L, ignore,
                          KIND: tl.constexpr, HAS_M: tl.constexpr, HAS_IGNORE: tl.constexpr,
                          BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr):
-    p, t, keep, ok, cols = load_tile(p_ptr, t_ptr, m_ptr, n, L, ignore, HAS_M, HAS_IGNORE, BLOCK_N, BLOCK_L)
-    tl.atomic_add(bad_ptr, tl.sum(tl.sum((keep & ~ok).to(tl.float64), 1), 0))
-    pos = to_prob(p, flag_ptr, KIND) > tl.load(thr_ptr)
-    tpos = t == 1
+    thr = from_bits(thr_bits)
+    n_bad = tl.zeros([BLOCK_L], tl.int64)
+    tp = tl.zeros([BLOCK_L], tl.int64)
+    fp = tl.zeros([BLOCK_L], tl.int64)
+    tn = tl.zeros([BLOCK_L], tl.int64)
+    fn = tl.zeros([BLOCK_L], tl.int64)
+    for rt in range(tl.program_id(0), tl.cdiv(n, BLOCK_N), tl.num_programs(0)):
+        p, t, keep, ok, cols = load_tile(p_ptr, t_ptr, m_ptr, rt, n, L, ignore, HAS_M, HAS_IGNORE, BLOCK_N, BLOCK_L)
+        n_bad += tl.sum((keep & ~ok).to(tl.int64), 0)
+        pos = to_prob(p, flag_ptr, KIND) > thr
+        tpos = t == 1
+        tp += tl.sum((ok & pos & tpos).to(tl.int64), 0)
+        fp += tl.sum((ok & pos & ~tpos).to(tl.int64), 0)
+        tn += tl.sum((ok & ~pos & ~tpos).to(tl.int64), 0)
+        fn += tl.sum((ok & ~pos & tpos).to(tl.int64), 0)
+    cols = tl.program_id(1) * BLOCK_L + tl.arange(0, BLOCK_L)
     lab = cols < L
     out = state_ptr + cols * 4
-    tl.atomic_add(out + 0, tl.sum((ok & pos & tpos).to(tl.float64), 0), mask=lab)
-    tl.atomic_add(out + 1, tl.sum((ok & pos & ~tpos).to(tl.float64), 0), mask=lab)
-    tl.atomic_add(out + 2, tl.sum((ok & ~pos & ~tpos).to(tl.float64), 0), mask=lab)
-    tl.atomic_add(out + 3, tl.sum((ok & ~pos & tpos).to(tl.float64), 0), mask=lab)
+    tl.atomic_add(bad_ptr, tl.sum(n_bad, 0).to(tl.float64), sem="relaxed")
+    tl.atomic_add(out + 0, tp.to(tl.float64), mask=lab, sem="relaxed")
+    tl.atomic_add(out + 1, fp.to(tl.float64), mask=lab, sem="relaxed")
+    tl.atomic_add(out + 2, tn.to(tl.float64), mask=lab, sem="relaxed")
+    tl.atomic_add(out + 3, fn.to(tl.float64), mask=lab, sem="relaxed")
 
 
 def tile_2d(L: int) -> tuple[int, int]:
     """(BLOCK_N, BLOCK_L) for an [N, L] elementwise kernel."""
     block_l = min(pow2(L), TILE)
     return max(TILE // block_l, 1), block_l
+
+
+def grid_2d(n: int, L: int, block_n: int, block_l: int) -> tuple[int, int]:
+    """Row tiles are looped over by at most MAX_PROGRAMS programs per label tile."""
+    return min(triton.cdiv(n, block_n), MAX_PROGRAMS), triton.cdiv(L, block_l)
+
+
+def logit_flag(kind: int, device: torch.device, stand_in: torch.Tensor) -> torch.Tensor:
+    """The zeroed INPUT_AUTO flag (a reused buffer), else a stand-in never read."""
+    if kind != INPUT_AUTO:
+        return stand_in
+    return scratch("logit_flag", (1,), torch.int32, device).zero_()
 
 
 @register("binary_stats_triton", mutates_args=("state", "bad"))
@@ -100,14 +132,15 @@ def _binary_stats_op(
     target = loadable(target.reshape(-1, L))
     m = as_u8(None if mask is None else mask.reshape(-1, L), target)
     block_n, block_l = tile_2d(L)
-    grid = (triton.cdiv(n, block_n), triton.cdiv(L, block_l))
+    grid = grid_2d(n, L, block_n, block_l)
     common = dict(HAS_M=mask is not None, HAS_IGNORE=ignore_index is not None, BLOCK_N=block_n, BLOCK_L=block_l)
     ignore = 0 if ignore_index is None else int(ignore_index)
-    flag = torch.zeros(1, dtype=torch.int32, device=preds.device)
+    flag = logit_flag(kind, preds.device, bad)
     if kind == INPUT_AUTO:
         launch(outside_kernel)[grid](preds, target, m, flag, n, L, ignore, **common)
-    thr = torch.full((1,), threshold, dtype=torch.float64, device=preds.device)
-    launch(_binary_stats_kernel)[grid](preds, target, m, flag, thr, state, bad, n, L, ignore, KIND=kind, **common)
+    launch(_binary_stats_kernel)[grid](
+        preds, target, m, flag, f64_bits(threshold), state, bad, n, L, ignore, KIND=kind, **common
+    )
 
 
 def binary_stats(preds, target, mask, threshold, ignore_index, input_kind, state, bad) -> None:

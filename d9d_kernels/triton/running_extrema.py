@@ -4,7 +4,8 @@ Design: a two-stage reduction, so NaN propagation follows ``torch.maximum``
 exactly on every device (a float ``atomic_max`` would depend on NaN bit
 patterns). ``_partial_kernel`` (grid-stride loop, at most ``MAX_PROGRAMS``
 programs) writes one row ``(max, -min, saw_nan, bad)`` per program;
-``_combine_kernel`` (one program) folds the rows into the state.
+``_combine_kernel`` (one program) folds the rows into the state. The rows
+live in a buffer reused across calls (``_common.scratch``).
 """
 
 from typing import Optional
@@ -13,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from d9d_kernels.triton._common import BLOCK, MAX_PROGRAMS, as_u8, finite, launch, pow2, programs, register
+from d9d_kernels.triton._common import BLOCK, MAX_PROGRAMS, as_u8, finite, launch, pow2, programs, register, scratch
 
 
 @triton.jit
@@ -67,7 +68,7 @@ def _running_extrema_op(
         return
     x = x.contiguous()
     n_part = programs(n, BLOCK)
-    part = torch.empty((n_part, 4), dtype=torch.float64, device=x.device)
+    part = scratch("extrema_part", (MAX_PROGRAMS, 4), torch.float64, x.device)  # rows < n_part are written
     launch(_partial_kernel)[(n_part,)](x, as_u8(mask, x), part, n, SKIP_BAD=bool(skip_bad), HAS_M=mask is not None, BLOCK=BLOCK)
     launch(_combine_kernel)[(1,)](part, state, bad, n_part, BLOCK_P=pow2(MAX_PROGRAMS))
 

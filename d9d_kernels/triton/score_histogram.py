@@ -1,6 +1,6 @@
 """Triton score_histogram: binned positive / negative score counts per label.
 
-Design: histograms are scattered with per-element ``tl.atomic_add`` into
+Design: histograms are scattered with per-element relaxed ``tl.atomic_add`` into
 ``hist`` (float64 ``[2, L, B]``); bin = ``clamp(floor(p * B), 0, B - 1)``
 computed in float64 before the integer cast, so +-huge probabilities clamp.
 
@@ -12,6 +12,9 @@ computed in float64 before the integer cast, so +-huge probabilities clamp.
   the row's finiteness and online softmax max / sum-of-exp, then the bins
   (a row only counts once it is known to be free of NaN/Inf).
   ``INPUT_AUTO`` runs the first loop alone first to set the logits flag.
+
+Both loop over row tiles on at most ``MAX_PROGRAMS`` programs (per label
+tile); the flag is a reused buffer, so a call allocates nothing.
 """
 
 from typing import Optional
@@ -21,29 +24,32 @@ import triton
 import triton.language as tl
 
 from d9d_kernels.reference import INPUT_AUTO
-from d9d_kernels.triton._common import TILE, as_u8, finite, launch, loadable, pow2, register
-from d9d_kernels.triton.binary_stats import load_tile, outside_kernel, tile_2d, to_prob
+from d9d_kernels.triton._common import MAX_PROGRAMS, TILE, as_u8, finite, launch, loadable, pow2, register
+from d9d_kernels.triton.binary_stats import grid_2d, load_tile, logit_flag, outside_kernel, tile_2d, to_prob
 
 
 @triton.jit
 def _binary_hist_kernel(p_ptr, t_ptr, m_ptr, flag_ptr, hist_ptr, bad_ptr, n, L, B, ignore,
                         KIND: tl.constexpr, HAS_M: tl.constexpr, HAS_IGNORE: tl.constexpr,
                         BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr):
-    p, t, keep, ok, cols = load_tile(p_ptr, t_ptr, m_ptr, n, L, ignore, HAS_M, HAS_IGNORE, BLOCK_N, BLOCK_L)
-    tl.atomic_add(bad_ptr, tl.sum(tl.sum((keep & ~ok).to(tl.float64), 1), 0))
-    prob = tl.where(ok, to_prob(p, flag_ptr, KIND), 0.0)
-    b = tl.minimum(tl.maximum(tl.floor(prob * B), 0.0), B - 1.0).to(tl.int64)
-    neg = (t != 1).to(tl.int64)
-    idx = neg * L * B + cols[None, :].to(tl.int64) * B + b
-    tl.atomic_add(hist_ptr + idx, 1.0, mask=ok)
+    n_bad = tl.zeros([BLOCK_L], tl.int64)
+    for rt in range(tl.program_id(0), tl.cdiv(n, BLOCK_N), tl.num_programs(0)):
+        p, t, keep, ok, cols = load_tile(p_ptr, t_ptr, m_ptr, rt, n, L, ignore, HAS_M, HAS_IGNORE, BLOCK_N, BLOCK_L)
+        n_bad += tl.sum((keep & ~ok).to(tl.int64), 0)
+        prob = tl.where(ok, to_prob(p, flag_ptr, KIND), 0.0)
+        b = tl.minimum(tl.maximum(tl.floor(prob * B), 0.0), B - 1.0).to(tl.int64)
+        neg = (t != 1).to(tl.int64)
+        idx = neg * L * B + cols[None, :].to(tl.int64) * B + b
+        tl.atomic_add(hist_ptr + idx, 1.0, mask=ok, sem="relaxed")
+    tl.atomic_add(bad_ptr, tl.sum(n_bad, 0).to(tl.float64), sem="relaxed")
 
 
 @triton.jit
-def _row_scan(p_ptr, t_ptr, m_ptr, n, C, ignore, HAS_M: tl.constexpr, HAS_IGNORE: tl.constexpr,
+def _row_scan(p_ptr, t_ptr, m_ptr, rt, n, C, ignore, HAS_M: tl.constexpr, HAS_IGNORE: tl.constexpr,
               SOFTMAX: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr):
-    """Per row: target, kept, ok (kept, target in [0, C), all finite), any pred outside [0, 1],
-    and the softmax max / sum of exp (when SOFTMAX)."""
-    rows = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    """Per row of row tile ``rt``: target, kept, ok (kept, target in [0, C), all finite), any
+    pred outside [0, 1], and the softmax max / sum of exp (when SOFTMAX)."""
+    rows = tl.arange(0, BLOCK_N).to(tl.int64) + rt * BLOCK_N
     inb = rows < n
     t = tl.load(t_ptr + rows, mask=inb, other=0)
     keep = inb
@@ -74,31 +80,37 @@ def _row_scan(p_ptr, t_ptr, m_ptr, n, C, ignore, HAS_M: tl.constexpr, HAS_IGNORE
 @triton.jit
 def _multiclass_outside_kernel(p_ptr, t_ptr, m_ptr, flag_ptr, n, C, ignore, HAS_M: tl.constexpr,
                                HAS_IGNORE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr):
-    rows, t, keep, ok, outside, mx, se = _row_scan(p_ptr, t_ptr, m_ptr, n, C, ignore, HAS_M, HAS_IGNORE,
-                                                   False, BLOCK_N, BLOCK_C)
-    tl.atomic_max(flag_ptr, tl.max((ok & outside).to(tl.int32), 0))
+    out = tl.zeros([BLOCK_N], tl.int32)
+    for rt in range(tl.program_id(0), tl.cdiv(n, BLOCK_N), tl.num_programs(0)):
+        rows, t, keep, ok, outside, mx, se = _row_scan(p_ptr, t_ptr, m_ptr, rt, n, C, ignore, HAS_M, HAS_IGNORE,
+                                                       False, BLOCK_N, BLOCK_C)
+        out = tl.maximum(out, (ok & outside).to(tl.int32))
+    tl.atomic_max(flag_ptr, tl.max(out, 0), sem="relaxed")
 
 
 @triton.jit
 def _multiclass_hist_kernel(p_ptr, t_ptr, m_ptr, flag_ptr, hist_ptr, bad_ptr, n, C, B, ignore,
                             KIND: tl.constexpr, HAS_M: tl.constexpr, HAS_IGNORE: tl.constexpr,
                             BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr):
-    rows, t, keep, ok, outside, mx, se = _row_scan(p_ptr, t_ptr, m_ptr, n, C, ignore, HAS_M, HAS_IGNORE,
-                                                   KIND != 0, BLOCK_N, BLOCK_C)
-    tl.atomic_add(bad_ptr, tl.sum((keep & ~ok).to(tl.float64), 0))
-    for c0 in range(0, C, BLOCK_C):
-        cols = c0 + tl.arange(0, BLOCK_C)
-        use = ok[:, None] & (cols[None, :] < C)
-        x = tl.load(p_ptr + rows[:, None] * C + cols[None, :], mask=use, other=0).to(tl.float64)
-        if KIND == 1:
-            x = tl.exp(x - mx[:, None]) / se[:, None]
-        elif KIND == 2:
-            x = tl.where(tl.load(flag_ptr) != 0, tl.exp(x - mx[:, None]) / se[:, None], x)
-        prob = tl.where(use, x, 0.0)
-        b = tl.minimum(tl.maximum(tl.floor(prob * B), 0.0), B - 1.0).to(tl.int64)
-        neg = (cols[None, :] != t[:, None]).to(tl.int64)
-        idx = neg * C * B + cols[None, :].to(tl.int64) * B + b
-        tl.atomic_add(hist_ptr + idx, 1.0, mask=use)
+    n_bad = tl.zeros([BLOCK_N], tl.int64)
+    for rt in range(tl.program_id(0), tl.cdiv(n, BLOCK_N), tl.num_programs(0)):
+        rows, t, keep, ok, outside, mx, se = _row_scan(p_ptr, t_ptr, m_ptr, rt, n, C, ignore, HAS_M, HAS_IGNORE,
+                                                       KIND != 0, BLOCK_N, BLOCK_C)
+        n_bad += (keep & ~ok).to(tl.int64)
+        for c0 in range(0, C, BLOCK_C):
+            cols = c0 + tl.arange(0, BLOCK_C)
+            use = ok[:, None] & (cols[None, :] < C)
+            x = tl.load(p_ptr + rows[:, None] * C + cols[None, :], mask=use, other=0).to(tl.float64)
+            if KIND == 1:
+                x = tl.exp(x - mx[:, None]) / se[:, None]
+            elif KIND == 2:
+                x = tl.where(tl.load(flag_ptr) != 0, tl.exp(x - mx[:, None]) / se[:, None], x)
+            prob = tl.where(use, x, 0.0)
+            b = tl.minimum(tl.maximum(tl.floor(prob * B), 0.0), B - 1.0).to(tl.int64)
+            neg = (cols[None, :] != t[:, None]).to(tl.int64)
+            idx = neg * C * B + cols[None, :].to(tl.int64) * B + b
+            tl.atomic_add(hist_ptr + idx, 1.0, mask=use, sem="relaxed")
+    tl.atomic_add(bad_ptr, tl.sum(n_bad, 0).to(tl.float64), sem="relaxed")
 
 
 @register("score_histogram_triton", mutates_args=("hist", "bad"))
@@ -120,13 +132,13 @@ def _score_histogram_op(
     kind = int(input_kind)
     ignore = 0 if ignore_index is None else int(ignore_index)
     common = dict(HAS_M=mask is not None, HAS_IGNORE=ignore_index is not None)
-    flag = torch.zeros(1, dtype=torch.int32, device=preds.device)
+    flag = logit_flag(kind, preds.device, bad)
     if multiclass:
         target = loadable(target.reshape(-1))
         m = as_u8(None if mask is None else mask.reshape(-1), target)
         block_c = min(pow2(L), TILE)
         block_n = max(TILE // block_c, 1)
-        grid = (triton.cdiv(n, block_n),)
+        grid = (min(triton.cdiv(n, block_n), MAX_PROGRAMS),)
         common.update(BLOCK_N=block_n, BLOCK_C=block_c)
         if kind == INPUT_AUTO:
             launch(_multiclass_outside_kernel)[grid](preds, target, m, flag, n, L, ignore, **common)
@@ -135,7 +147,7 @@ def _score_histogram_op(
         target = loadable(target.reshape(-1, L))
         m = as_u8(None if mask is None else mask.reshape(-1, L), target)
         block_n, block_l = tile_2d(L)
-        grid = (triton.cdiv(n, block_n), triton.cdiv(L, block_l))
+        grid = grid_2d(n, L, block_n, block_l)
         common.update(BLOCK_N=block_n, BLOCK_L=block_l)
         if kind == INPUT_AUTO:
             launch(outside_kernel)[grid](preds, target, m, flag, n, L, ignore, **common)

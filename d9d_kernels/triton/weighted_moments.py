@@ -12,7 +12,9 @@ whose x, y, w are all finite (``atomic_min`` of its index); its loads are
 masked off when the pivot is already set, so in steady state it reads
 nothing. ``_moments_kernel`` then sums about ``isnan(p) ? x[first] : p`` and
 ``_set_pivot_kernel`` (one program) stores the pivot afterwards, so no
-program reads a pivot while another writes it.
+program reads a pivot while another writes it. ``first`` is a buffer reused
+across calls (``_common.scratch``) and every atomic is relaxed: the values
+are read by later launches only.
 """
 
 from typing import Optional
@@ -21,18 +23,22 @@ import torch
 import triton
 import triton.language as tl
 
-from d9d_kernels.triton._common import BLOCK, as_u8, finite, launch, programs, register
+from d9d_kernels.triton._common import BLOCK, as_u8, finite, launch, programs, register, scratch
 
 
 @triton.jit
 def _load_row(x_ptr, y_ptr, w_ptr, m_ptr, offs, inb, HAS_Y: tl.constexpr, HAS_W: tl.constexpr, HAS_M: tl.constexpr):
-    """x, y, w as float64, the mask, and 'x, y, w all finite'."""
+    """x, y, w as float64, the mask, and 'x, y, w all finite'. HAS_W == 2: one
+    weight for all (a broadcast scalar, read once instead of copied to [N])."""
     valid = inb
     if HAS_M:
         valid = valid & (tl.load(m_ptr + offs, mask=inb, other=0) != 0)
     x = tl.load(x_ptr + offs, mask=inb, other=0).to(tl.float64)
     fin = finite(x)
-    if HAS_W:
+    if HAS_W == 2:
+        w = tl.full(x.shape, 1.0, tl.float64) * tl.load(w_ptr).to(tl.float64)
+        fin = fin & finite(w)
+    elif HAS_W == 1:
         w = tl.load(w_ptr + offs, mask=inb, other=0).to(tl.float64)
         fin = fin & finite(w)
     else:
@@ -48,6 +54,7 @@ def _load_row(x_ptr, y_ptr, w_ptr, m_ptr, offs, inb, HAS_Y: tl.constexpr, HAS_W:
 @triton.jit
 def _first_good_kernel(x_ptr, y_ptr, w_ptr, m_ptr, pivot_ptr, first_ptr, n,
                        HAS_Y: tl.constexpr, HAS_W: tl.constexpr, HAS_M: tl.constexpr, BLOCK: tl.constexpr):
+    """first = min(first, index of the first good element); ``first`` holds n on entry."""
     px = tl.load(pivot_ptr)
     unset = px != px
     if HAS_Y:
@@ -59,7 +66,7 @@ def _first_good_kernel(x_ptr, y_ptr, w_ptr, m_ptr, pivot_ptr, first_ptr, n,
         offs = start + tl.arange(0, BLOCK)
         x, y, w, valid, fin = _load_row(x_ptr, y_ptr, w_ptr, m_ptr, offs, offs < n_read, HAS_Y, HAS_W, HAS_M)
         first = tl.minimum(first, tl.where(valid & fin, offs, n).to(tl.int64))
-    tl.atomic_min(first_ptr, tl.min(first, 0))
+    tl.atomic_min(first_ptr, tl.min(first, 0), sem="relaxed")
 
 
 @triton.jit
@@ -111,17 +118,17 @@ def _moments_kernel(x_ptr, y_ptr, w_ptr, m_ptr, pivot_ptr, first_ptr, state_ptr,
             s_ae += wu * tl.abs(diff)
             s_se += wu * diff * diff
         s_n += use.to(tl.float64)
-    tl.atomic_add(bad_ptr, tl.sum(s_bad, 0))
-    tl.atomic_add(state_ptr + 0, tl.sum(s_w, 0))
-    tl.atomic_add(state_ptr + 1, tl.sum(s_x, 0))
-    tl.atomic_add(state_ptr + 2, tl.sum(s_xx, 0))
+    tl.atomic_add(bad_ptr, tl.sum(s_bad, 0), sem="relaxed")
+    tl.atomic_add(state_ptr + 0, tl.sum(s_w, 0), sem="relaxed")
+    tl.atomic_add(state_ptr + 1, tl.sum(s_x, 0), sem="relaxed")
+    tl.atomic_add(state_ptr + 2, tl.sum(s_xx, 0), sem="relaxed")
     if HAS_Y:
-        tl.atomic_add(state_ptr + 3, tl.sum(s_y, 0))
-        tl.atomic_add(state_ptr + 4, tl.sum(s_yy, 0))
-        tl.atomic_add(state_ptr + 5, tl.sum(s_xy, 0))
-        tl.atomic_add(state_ptr + 6, tl.sum(s_ae, 0))
-        tl.atomic_add(state_ptr + 7, tl.sum(s_se, 0))
-    tl.atomic_add(state_ptr + 8, tl.sum(s_n, 0))
+        tl.atomic_add(state_ptr + 3, tl.sum(s_y, 0), sem="relaxed")
+        tl.atomic_add(state_ptr + 4, tl.sum(s_yy, 0), sem="relaxed")
+        tl.atomic_add(state_ptr + 5, tl.sum(s_xy, 0), sem="relaxed")
+        tl.atomic_add(state_ptr + 6, tl.sum(s_ae, 0), sem="relaxed")
+        tl.atomic_add(state_ptr + 7, tl.sum(s_se, 0), sem="relaxed")
+    tl.atomic_add(state_ptr + 8, tl.sum(s_n, 0), sem="relaxed")
 
 
 @triton.jit
@@ -151,12 +158,16 @@ def _weighted_moments_op(
         return
     x = x.contiguous()
     y = x if y is None else y.contiguous()
-    w = x if weights is None else weights.contiguous()
+    has_w = 0
+    w = x
+    if weights is not None:  # stride 0: a broadcast scalar (0-d or number weights), read in place
+        has_w = 2 if weights.dim() == 1 and weights.stride(0) == 0 else 1
+        w = weights if has_w == 2 else weights.contiguous()
     m = as_u8(mask, x)
-    flags = dict(HAS_Y=y is not x, HAS_W=weights is not None, HAS_M=mask is not None)
+    flags = dict(HAS_Y=y is not x, HAS_W=has_w, HAS_M=mask is not None)
     grid = (programs(n, BLOCK),)
     if pivot is not None:
-        first = torch.full((1,), n, dtype=torch.int64, device=x.device)
+        first = scratch("moments_first", (1,), torch.int64, x.device).fill_(n)
         launch(_first_good_kernel)[grid](x, y, w, m, pivot, first, n, BLOCK=BLOCK, **flags)
     else:
         first = pivot = state  # unused when HAS_PIVOT=False

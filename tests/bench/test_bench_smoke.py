@@ -21,8 +21,6 @@ sys.path.insert(0, str(BENCH))
 
 import providers as pv  # noqa: E402
 
-needs_harness = pytest.mark.skipif(not (BENCH / "harness.py").exists(), reason="bench/harness.py not there yet")
-
 
 def _env():
     return dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
@@ -46,7 +44,6 @@ def tiny_run(tmp_path_factory):
     return out, doc
 
 
-@needs_harness
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("name,providers", [
     ("update", set(pv.UPDATE_PROVIDERS)),
@@ -70,7 +67,6 @@ def test_csv_well_formed(tiny_run, name, providers):
     assert (out / f"bench_{name}.png").stat().st_size > 1000
 
 
-@needs_harness
 @pytest.mark.timeout(900)
 def test_report_table(tiny_run):
     _, doc = tiny_run

@@ -135,3 +135,27 @@ def test_recenter_moments_matches_direct_sums():
     old, new = torch.tensor([2.5, -1.0], dtype=torch.float64), torch.tensor([4.0, float("nan")], dtype=torch.float64)
     got = recenter_moments(sums(2.5, -1.0), old, new)
     assert torch.allclose(got, sums(4.0, 0.0), rtol=1e-12, atol=1e-10)  # NaN pivot = 0
+
+
+def test_weighted_mean_zero_weight_sum_is_nan_and_forward_matches_numpy():
+    m = dk.WeightedMeanMetric()
+    x = np.array([1.0, 2.0, 5.0])
+    w = np.array([1.0, -1.0, 0.0])
+    assert np.isnan(m(torch.from_numpy(x), weights=torch.from_numpy(w)).item())  # batch: Σw = 0
+    assert np.isnan(m.compute().item())
+    x2, w2 = np.array([3.0, 4.0]), np.array([0.5, 1.5])
+    assert m(torch.from_numpy(x2), weights=torch.from_numpy(w2)).item() == pytest.approx(np.average(x2, weights=w2), rel=1e-15)
+    xs, ws = np.concatenate([x, x2]), np.concatenate([w, w2])
+    assert m.compute().item() == pytest.approx((xs * ws).sum() / ws.sum(), rel=1e-15)
+
+
+def test_mean_metric_is_the_weighted_mean_with_torchmetrics_names():
+    rng = np.random.default_rng(3)
+    x, w = rng.normal(size=7), rng.random(7)
+    m = dk.MeanMetric()
+    m.update(torch.from_numpy(x), weight=torch.from_numpy(w))
+    m.update(value=2.0)
+    ref = (np.sum(x * w) + 2.0) / (np.sum(w) + 1.0)
+    assert m.compute().item() == pytest.approx(ref, rel=1e-14)
+    with pytest.raises(ValueError, match=r"MeanMetric\.update: argument 'weight' of shape \(4,\) does not broadcast to value \(3,\)"):
+        m.update(torch.zeros(3), weight=torch.ones(4))

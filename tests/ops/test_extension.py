@@ -122,3 +122,110 @@ def run_forced(name: str) -> None:
             del os.environ["D9D_KERNELS_BACKEND"]
         else:
             os.environ["D9D_KERNELS_BACKEND"] = old
+
+
+# ---- the metric layer without the compiled extension -------------------------------------------
+# Planned updates (core/plan.py) call dk.ops.raw(...), which must fall back to the
+# reference when _C is missing; checked against plain-torch / sklearn values.
+
+_GROUP_STEPS = (
+    "import torch, d9d_kernels as dk\n"
+    "g = dk.MetricGroup({'mx': dk.MaxMetric(), 'mn': dk.MinMetric(), 's': dk.SumMetric(),\n"
+    "                    'wm': dk.WeightedMeanMetric(),\n"
+    "                    'acc': dk.Accuracy(task='multiclass', num_classes=5, average='micro'),\n"
+    "                    'top3': dk.Accuracy(task='multiclass', num_classes=5, average='micro', top_k=3),\n"
+    "                    'bacc': dk.Accuracy(task='binary'), 'auroc': dk.AUROC(task='binary')})\n"
+    "gen = torch.Generator().manual_seed(0)\n"
+    "xs, ss, cs, ps, ts = [], [], [], [], []\n"
+    "for step in range(6):  # signatures repeat: the second call of each runs its plan\n"
+    "    x = torch.randn(8, generator=gen); s = torch.randn(8, 5, generator=gen)\n"
+    "    c = torch.randint(0, 5, (8,), generator=gen); p = torch.rand(8, generator=gen)\n"
+    "    t = torch.randint(0, 2, (8,), generator=gen)\n"
+    "    g['mx'].update(float(x[0])); g['mn'].update(x); g['s'].update(float(step))\n"
+    "    g['wm'].update(x, weights=2.0)\n"
+    "    g['acc'].update(s, c); g['top3'].update(s, c); g['bacc'].update(p, t); g['auroc'].update(p, t)\n"
+    "    xs.append(x); ss.append(s); cs.append(c); ps.append(p); ts.append(t)\n"
+    "got = {k: v.item() for k, v in g.compute().items()}\n"
+    "x, s, c, p, t = (torch.cat(v) for v in (xs, ss, cs, ps, ts))\n"
+    "want = {'mx': max(float(v[0]) for v in xs), 'mn': x.min().item(), 's': 15.0, 'wm': x.double().mean().item(),\n"
+    "        'acc': (s.argmax(1) == c).double().mean().item(),\n"
+    "        'top3': (s.topk(3, 1).indices == c[:, None]).any(1).double().mean().item(),\n"
+    "        'bacc': ((p > 0.5).long() == t).double().mean().item()}\n"
+    "from sklearn.metrics import roc_auc_score\n"
+    "want['auroc'] = roc_auc_score(t.numpy(), p.numpy())\n"
+)
+
+
+def _check_group_values(got: dict, want: dict) -> None:
+    assert set(got) == set(want) | {"auroc"} or set(got) == set(want)
+    for k, v in want.items():
+        tol = 2e-3 if k == "auroc" else 1e-9  # AUROC: 4096-bin histogram vs exact sklearn
+        assert got[k] == pytest.approx(v, abs=tol), k
+
+
+def test_metric_group_planned_updates_without_compiled_extension():
+    import json
+
+    out = run_py(
+        "import sys\n"
+        "sys.modules['d9d_kernels._C'] = None  # import of _C now raises ImportError\n"
+        + _GROUP_STEPS
+        + "import json; from d9d_kernels import _extension\n"
+        "print(json.dumps([got, want, _extension.CPP_ERROR is not None, dk.ops.backends()]))\n"
+    )
+    got, want, hidden, backends = json.loads(out.strip().splitlines()[-1])
+    assert hidden and "cpp" not in backends
+    _check_group_values(got, want)
+
+
+def test_planned_updates_run_the_reference_when_cpp_is_unavailable(monkeypatch):
+    from d9d_kernels import reference
+
+    monkeypatch.setattr(_extension, "HAS_CPP", False)  # what a missing _C reports
+    monkeypatch.delenv("D9D_KERNELS_BACKEND", raising=False)
+    calls = {}
+    for op in _extension.OPS:
+        real = getattr(reference, op)
+
+        def spy(*args, _real=real, _op=op):
+            calls[_op] = calls.get(_op, 0) + 1
+            return _real(*args)
+
+        monkeypatch.setattr(reference, op, spy)
+    ns: dict = {}
+    exec(_GROUP_STEPS, ns)
+    _check_group_values(ns["got"], ns["want"])
+    # every member update of every step ran the reference (checked and planned calls alike)
+    assert calls == {"running_extrema": 12, "weighted_moments": 12, "class_stats": 12, "binary_stats": 6,
+                     "score_histogram": 6}, calls
+
+
+def test_raw_accessor_follows_the_backend_choice(backend):
+    from d9d_kernels import reference
+
+    x = torch.randn(50, dtype=torch.float64)
+    x[3] = float("nan")
+    mask = torch.rand(50) > 0.3
+    want_s, want_b = torch.full((2,), float("-inf"), dtype=torch.float64), torch.zeros(1, dtype=torch.float64)
+    reference.running_extrema(x, mask, True, want_s, want_b)
+    v = x[mask & ~torch.isnan(x)]
+    assert want_s.tolist() == [v.max().item(), -v.min().item()]  # the reference itself, against plain torch
+    op = dk.ops.raw("running_extrema", "cpu", backend)
+    if backend == "cpp":
+        assert op is torch.ops.d9d_kernels.running_extrema.default
+    elif backend == "torch":
+        assert op is reference.running_extrema
+    s, b = torch.full((2,), float("-inf"), dtype=torch.float64), torch.zeros(1, dtype=torch.float64)
+    op(x, mask, True, s, b)
+    assert s.tolist() == want_s.tolist() and b.tolist() == want_b.tolist()
+    # auto choice: what the checked wrapper runs
+    auto = dk.ops.raw("running_extrema", torch.device("cpu"))
+    assert auto is (torch.ops.d9d_kernels.running_extrema.default if "cpp" in dk.ops.backends()
+                    else reference.running_extrema)
+
+
+def test_raw_accessor_rejects_unknown_names():
+    with pytest.raises(ValueError, match=r"ops\.raw: argument 'op' must be one of"):
+        dk.ops.raw("class_statz")
+    with pytest.raises(RuntimeError, match=r"backend 'cuda' can't run on cpu"):
+        dk.ops.raw("class_stats", "cpu", "cuda")

@@ -35,7 +35,7 @@ pytestmark = [
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
-OPS = ("weighted_moments", "class_stats", "binary_stats", "score_histogram", "running_extrema")
+OPS = dk.ops.OPS
 NAN, INF = float("nan"), float("inf")
 
 
@@ -406,7 +406,7 @@ def _compile_all_for_cuda() -> None:
     def cc(kernel, consts, ptrs):
         sig = {}
         for name in inspect.signature(kernel.fn).parameters:
-            sig[name] = "constexpr" if name in consts else ptrs.get(name, "*fp64") if name.endswith("_ptr") else "i32"
+            sig[name] = "constexpr" if name in consts else ptrs.get(name, "*fp64" if name.endswith("_ptr") else "i32")
         triton.compile(ASTSource(fn=kernel, signature=sig, constexprs=consts), target=GPUTarget("cuda", 90, 32))
 
     on = dict(HAS_M=True, HAS_IGNORE=True)
@@ -418,7 +418,7 @@ def _compile_all_for_cuda() -> None:
     cc(wm._set_pivot_kernel, dict(HAS_Y=True), xs)
     cc(running_extrema._partial_kernel, dict(SKIP_BAD=True, HAS_M=True, BLOCK=B), {"x_ptr": "*fp16", "m_ptr": "*u8"})
     cc(running_extrema._combine_kernel, dict(BLOCK_P=_common.pow2(_common.MAX_PROGRAMS)), {})
-    ps = {"p_ptr": "*fp32", "t_ptr": "*i64", "m_ptr": "*u8", "flag_ptr": "*i32", "ks_ptr": "*i64"}
+    ps = {"p_ptr": "*fp32", "t_ptr": "*i64", "m_ptr": "*u8", "flag_ptr": "*i32", "ks_ptr": "*i64", "thr_bits": "i64"}
     for L in (1, 100):
         bn, bl = binary_stats.tile_2d(L)
         cc(binary_stats.outside_kernel, dict(BLOCK_N=bn, BLOCK_L=bl, **on), ps)

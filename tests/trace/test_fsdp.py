@@ -127,8 +127,8 @@ def test_fsdp_collectives_from_gloo_ops(trace):
     assert "exposed_time" not in col["all_gather"]  # not defined without GPU kernels
 
 
-def test_no_fsdp_activity_is_a_clear_result_not_an_error():
-    r = fsdp.metric_cal("/work/shared/data/traces/nccl_rank0_of2")
+def test_no_fsdp_activity_is_a_clear_result_not_an_error(data_dir):
+    r = fsdp.metric_cal(data_dir / "traces" / "nccl_rank0_of2")
     assert not r["errors"]
     assert r["summary"]["fsdp_activity"] is False
     assert r["notes"][0].startswith("no FSDP activity found")

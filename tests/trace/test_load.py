@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import gzip
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -25,9 +24,7 @@ from d9d_kernels.trace._load import (
 from tests.trace._synth import SynthTrace
 from tests.trace._torch_traces import gloo_workload
 
-DATA = Path("/work/shared/data/traces")
-if not DATA.exists():  # shared data next to the checkout
-    DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "traces"
+from tests.trace._data import TRACES as DATA
 needs_data = pytest.mark.skipif(not DATA.exists(), reason="shared trace data not available")
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import pickle
 import re
-from pathlib import Path
 
 import pytest
 import torch
@@ -15,7 +14,7 @@ from torch.cuda import _memory_viz as mv
 
 from d9d_kernels.trace import memory
 
-REAL = Path("/work/shared/data/memory/segments_only.pickle")
+from tests.trace._data import SNAPSHOT as REAL
 MiB = 1 << 20
 
 
@@ -137,7 +136,7 @@ def test_torchtitan_layout_ranks_and_latest_iteration(tmp_path):
     assert r["summary"]["max_peak_reserved"]["value"] == 4 * MiB
 
 
-def test_real_snapshot_against_memory_viz():
+def test_real_snapshot_against_memory_viz(data_dir):
     snap = pickle.loads(REAL.read_bytes())
     out = mv.segsum(snap)  # torch's own summary of the same file
     r = memory.metric_cal(REAL)
@@ -195,8 +194,8 @@ def test_profiler_memory_events(tmp_path):
     assert r["summary"]["max_cpu_peak_allocated"]["value"] == peak
 
 
-def test_nothing_found_is_a_note_not_an_error(tmp_path):
-    r = memory.metric_cal("/work/shared/data/traces/nccl_rank0_of2")
+def test_nothing_found_is_a_note_not_an_error(tmp_path, data_dir):
+    r = memory.metric_cal(data_dir / "traces" / "nccl_rank0_of2")
     assert r["ranks"] == {} and not r["errors"]
     assert any("no memory data" in n for n in r["notes"])
     r = memory.metric_cal(tmp_path / "missing")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
 
 from d9d_kernels.trace import straggler
 from tests.trace._synth import SynthTrace, nccl_args
@@ -58,11 +57,8 @@ def test_gloo_lagging_rank_is_the_straggler():
     assert res["ranks"]["rank1"]["wait_time"]["value"] == 0
 
 
-def test_single_rank_note():
-    import pathlib
-    p = pathlib.Path("/work/shared/data/traces/nccl_rank0_of2")
-    if not p.exists():
-        pytest.skip("shared data not available")
+def test_single_rank_note(data_dir):
+    p = data_dir / "traces" / "nccl_rank0_of2"
     res = straggler.metric_cal(p)
     assert res["summary"]["matched_collectives"]["value"] == 0
     assert any("one rank only" in n for n in res["notes"])

@@ -16,7 +16,7 @@ from d9d_kernels.trace._unpickle import (
     loads_snapshot,
 )
 
-REAL = Path("/work/shared/data/memory/segments_only.pickle")
+from tests.trace._data import SNAPSHOT as REAL
 
 
 def _write_marker(path):  # module-level so pickle can reference it by name
@@ -68,7 +68,7 @@ def test_code_running_pickle_is_refused_and_marker_not_created(tmp_path, payload
     assert not marker.exists()
 
 
-def test_real_snapshot_loads_and_has_no_globals():
+def test_real_snapshot_loads_and_has_no_globals(data_dir):
     data = REAL.read_bytes()
     ops = {op.name for op, _, _ in pickletools.genops(data)}
     assert not ops & {"GLOBAL", "STACK_GLOBAL", "INST", "OBJ", "REDUCE"}
@@ -89,7 +89,7 @@ def test_plain_containers_roundtrip_every_protocol(proto):
     assert loads_snapshot(pickle.dumps(obj, protocol=proto)) == obj
 
 
-def test_truncated_pickle_is_a_clear_error(tmp_path):
+def test_truncated_pickle_is_a_clear_error(tmp_path, data_dir):
     f = tmp_path / "trunc.pickle"
     f.write_bytes(REAL.read_bytes()[:500])
     with pytest.raises(SnapshotError) as ei:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import shutil
-from pathlib import Path
 
 import pytest
 
@@ -19,9 +18,7 @@ from d9d_kernels.trace import kernel, overlap  # noqa: E402
 from d9d_kernels.trace._common import gpu_rows  # noqa: E402
 from d9d_kernels.trace._load import find_workload, load_ranks  # noqa: E402
 
-DATA = Path("/work/shared/data/traces")
-if not DATA.exists():
-    DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "traces"
+from tests.trace._data import TRACES as DATA  # noqa: E402
 pytestmark = pytest.mark.skipif(not DATA.exists(), reason="shared trace data not available")
 
 TOL_PP = 0.5

@@ -1,0 +1,50 @@
+"""critical_path: hand-built steps whose binding chain is known. (HTA 0.5.0's
+critical_path_analysis cannot be the reference: its call graph raises under numpy 2.)"""
+
+from __future__ import annotations
+
+import pytest
+
+from d9d_kernels.trace import critical_path
+from tests.trace._synth import CPU_PID, CPU_TID, SynthTrace
+
+
+def _ev(t, name, ts, dur, cat="cpu_op", **args):
+    t.events.append({"ph": "X", "cat": cat, "name": name, "pid": CPU_PID, "tid": CPU_TID, "ts": ts,
+                     "dur": dur, "args": args})
+
+
+def _gpu(t, name, ts, dur, corr, stream=7):
+    t.events.append({"ph": "X", "cat": "kernel", "name": name, "pid": 0, "tid": stream, "ts": ts,
+                     "dur": dur, "args": {"device": 0, "stream": stream, "correlation": corr}})
+
+
+def test_sync_bound_step(tmp_path):
+    t = SynthTrace()
+    t.step(1, 0, 130)
+    _ev(t, "op_a", 0, 10)
+    _ev(t, "cudaLaunchKernel", 2, 1, cat="cuda_runtime", correlation=1)
+    _gpu(t, "k1", 5, 100, 1)
+    _ev(t, "cudaDeviceSynchronize", 12, 95, cat="cuda_runtime")
+    _ev(t, "op_b", 110, 10)
+    r = critical_path.metric_cal(t.write(tmp_path / "rank0_trace.json"))["ranks"]["rank0"]
+    s = r["steps"]["step1"]
+    # op_b 10 + sync after k1 ends 2 + launch 1 + op_a before the launch 2 = 15 CPU;
+    # k1 100 GPU; gaps: op_b start - sync end 3, k1 start - launch end 2
+    assert s["path_time"]["value"] == 120
+    assert (s["cpu_time"]["value"], s["gpu_time"]["value"], s["gap_time"]["value"]) == (15, 100, 5)
+    top = {(e["name"], e["side"]): e["time"]["value"] for e in r["top_events"]}
+    assert top[("k1", "gpu")] == 100 and top[("op_b", "cpu")] == 10
+
+
+def test_stream_order_binds(tmp_path):
+    t = SynthTrace()
+    t.step(1, 0, 200)
+    _ev(t, "cudaLaunchKernel", 0, 1, cat="cuda_runtime", correlation=1)
+    _ev(t, "cudaLaunchKernel", 2, 1, cat="cuda_runtime", correlation=2)
+    _gpu(t, "k1", 10, 50, 1)
+    _gpu(t, "k2", 60, 40, 2)  # queued behind k1: bound by k1's end, not by its launch
+    r = critical_path.metric_cal(t.write(tmp_path / "rank0_trace.json"))["ranks"]["rank0"]["steps"]["step1"]
+    assert r["path_time"]["value"] == 100
+    assert r["gpu_time"]["value"] == 90 and r["cpu_time"]["value"] == 1 and r["gap_time"]["value"] == 9
+    assert r["gpu_pct"]["value"] == pytest.approx(90)
