@@ -494,7 +494,8 @@ def lm_section(rows, targets: list, memory: Path | None = None) -> list[str]:
         alloc = m["d9d"] / m["logits_bytes"] if "d9d" in m and m.get("logits_bytes") else float("nan")
         r = (ratio("d9d", "floor"), ratio("d9d_lse", "floor"), ratio("torch", "d9d"), ratio("torchmetrics", "d9d"))
         lines.append(f"| {sh} | {dt} | " + " | ".join(_fmt_t(t[p]) if p in t else "–" for p in provs)
-                     + " | " + " | ".join(f"{x:.2f}×" for x in r) + f" | {alloc:.2%} |")
+                     + " | " + " | ".join(f"{x:.2f}×" if x == x else "–" for x in r)
+                     + (f" | {alloc:.2%} |" if alloc == alloc else " | – |"))
         if sh == "N=2048,V=32000" and dt == "bfloat16":
             targets.append(("lm", "Perplexity+Accuracy+top-5 [2048, 32000] bf16: d9d / read floor", "≤ 4×",
                             f"{r[0]:.2f}×", r[0] <= 4))
