@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import csv
 import datetime
+import json
 import os
 import platform
 import statistics
@@ -529,6 +530,43 @@ def training_section(rows, targets: list) -> list[str]:
     return lines
 
 
+def lm_section(rows, targets: list, memory: Path | None = None) -> list[str]:
+    lines = ["## Language-model metrics (`bench/bench_lm.py`)", "",
+             "Perplexity(num_classes=V) + Accuracy + top-5 Accuracy in one MetricGroup over logits `[N, V]` "
+             "(10 % ignore_index), CPU, providers interleaved in rounds, medians. floor = `x.amax(-1)` of the "
+             "same tensor (one read); d9d_lse = the same group given the loss's per-token logsumexp; torch = "
+             "hand-written `F.cross_entropy` + argmax + topk(5). Allocated = bytes one update allocates "
+             "(profiler, an upper bound on its peak extra memory).", ""]
+    mem = json.loads(memory.read_text()) if memory is not None and memory.exists() else {}
+    idx = _index(rows, lambda r: (r["shape"], r["dtype"], r["provider"]))
+    provs = [p for p in ("floor", "d9d_lse", "d9d", "torch", "torchmetrics") if any(k[2] == p for k in idx)]
+    lines += ["| shape | dtype | " + " | ".join(provs) + " | d9d / floor | d9d_lse / floor | torch / d9d "
+              "| torchmetrics / d9d | d9d allocated / logits |", "|" + "---|" * (7 + len(provs))]
+    cases = []
+    for r in rows:
+        if (r["shape"], r["dtype"]) not in cases:
+            cases.append((r["shape"], r["dtype"]))
+    for sh, dt in cases:
+        t = {p: idx[(sh, dt, p)]["_p50"] for p in provs if (sh, dt, p) in idx}
+        ratio = lambda a, b: t[a] / t[b] if a in t and b in t else float("nan")  # noqa: E731
+        m = mem.get(f"{sh},{dt}", {})
+        alloc = m["d9d"] / m["logits_bytes"] if "d9d" in m and m.get("logits_bytes") else float("nan")
+        r = (ratio("d9d", "floor"), ratio("d9d_lse", "floor"), ratio("torch", "d9d"), ratio("torchmetrics", "d9d"))
+        lines.append(f"| {sh} | {dt} | " + " | ".join(_fmt_t(t[p]) if p in t else "–" for p in provs)
+                     + " | " + " | ".join(f"{x:.2f}×" if x == x else "–" for x in r)
+                     + (f" | {alloc:.2%} |" if alloc == alloc else " | – |"))
+        if sh == "N=2048,V=32000" and dt == "bfloat16":
+            targets.append(("lm", "Perplexity+Accuracy+top-5 [2048, 32000] bf16: d9d / read floor", "≤ 4×",
+                            f"{r[0]:.2f}×", r[0] <= 4))
+            targets.append(("lm", "same, with lse given: d9d_lse / read floor", "≤ 3×", f"{r[1]:.2f}×", r[1] <= 3))
+            targets.append(("lm", "same: hand-written torch / d9d", "≥ 8×", f"{r[2]:.2f}×", r[2] >= 8))
+            targets.append(("lm", "same: torchmetrics / d9d", "≥ 8×", f"{r[3]:.2f}×", r[3] >= 8))
+            targets.append(("lm", "same: bytes allocated by an update / logits", "≤ 1 %", f"{alloc:.2%}",
+                            alloc <= 0.01))
+    lines.append("")
+    return lines
+
+
 def generic_section(name: str, rows) -> list[str]:
     lines = [f"## `{name}` (`bench/{name}.py`)", "",
              "Median per (op, shape, provider), as written by the benchmark; see its docstring for the question.", ""]
@@ -562,7 +600,10 @@ def build(results: Path, doc: Path, plots: bool = True) -> tuple[str, str]:
             continue
         name = path.stem
         sec, plot = known.get(name, (None, None))
-        sections += sec(rows, targets) if sec else generic_section(name, rows)
+        if name == "bench_lm":  # plots itself; its memory figures lie beside the CSV
+            sections += lm_section(rows, targets, path.with_name("bench_lm_memory.json"))
+        else:
+            sections += sec(rows, targets) if sec else generic_section(name, rows)
         png = path.with_suffix(".png")
         if plots and plot is not None:  # other benchmarks plot themselves (harness.plot)
             try:

@@ -194,7 +194,8 @@ def class_stats(
         mask: ``[N]`` bool or ``None``.
         num_classes: C.
         ignore_index: rows whose target equals it are dropped (not bad).
-        top_ks: K distinct values ``1 <= k <= C``; must be ``[1]`` for index
+        top_ks: K distinct values ``1 <= k <= C`` (K = 0 only with nll and
+            scores: extras and bad alone); must be ``[1]`` for index
             preds. For scores, class j ranks ahead of class i in a row iff
             ``s_j > s_i`` or ``s_j == s_i and j < i`` (ties: lower index
             first, as ``torch.argmax``); the top-k are the k first.
@@ -227,7 +228,7 @@ def class_stats(
 
     if scores:
         s = _f64(preds)
-        kmax = max(top_ks)
+        kmax = max(top_ks, default=1)
         # stable descending sort: ties keep index order (lower index first)
         order = torch.sort(s, dim=1, descending=True, stable=True).indices[:, :kmax]
         argmax = order[:, 0]

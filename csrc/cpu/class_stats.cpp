@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "class_stats_checks.h"
+#include "class_stats_nll.h"
 #include "common.h"
 #include "half_bits.h"
 
@@ -131,10 +132,14 @@ constexpr int kLanes = 16;
 // Rows between two flushes of the int32 counters of rows_small.
 constexpr int64_t kFlushRows = int64_t(1) << 30;
 
-// logsumexp(row) - row[t] in double (max = the argmax score): one exp per score.
+// logsumexp(row) - row[t] in double (max = the argmax score): one exp per
+// score, 8 at a time for float rows (class_stats_nll.cpp).
 template <class V>
 inline double nll_of(const V* x, int64_t C, int64_t argmax, int64_t t) {
   const double m = static_cast<double>(x[argmax]);
+  if constexpr (std::is_same_v<V, float>) {
+    if (nll_vec_ok()) return m + log(nll_vec_sum_exp(x, C, x[argmax])) - static_cast<double>(x[t]);
+  }
   double s = 1.0;  // exp(0) of the argmax: one exp fewer per row
   for (int64_t j = 0; j < argmax; ++j) s += exp(static_cast<double>(x[j]) - m);
   for (int64_t j = argmax + 1; j < C; ++j) s += exp(static_cast<double>(x[j]) - m);
@@ -319,11 +324,51 @@ void rows_one(const Args& a, const Out& o, const T* preds, int64_t rs, const T* 
   o.extras[0] += valid;
 }
 
+// No top_ks and no confusion matrix (Perplexity alone): the NLL only, on the
+// scores' own type (no float copy of a half row): the row max, then the sum of
+// exp, 8 scores at a time where nll_vec_ok().
+template <class T>
+void rows_nll(const Args& a, const Out& o, const T* preds, int64_t rs, const T* end, const Strided1<int64_t>& tg,
+              const Strided1<bool>& ms, bool has_m, int64_t b, int64_t e) {
+  const int64_t C = a.C;
+  const bool vec = !std::is_same_v<T, double> && nll_vec_ok();
+  for_rows<T>(a, o, preds, rs, end, 0, tg, ms, has_m, b, e, [&](int64_t, int64_t t, const T* x) {
+    double m = -std::numeric_limits<double>::infinity(), s = 0.0;
+    bool ok = true;
+    if (vec) {
+      if constexpr (!std::is_same_v<T, double>) {
+        float mf;
+        ok = nll_vec_max(x, C, &mf);
+        m = mf;
+        if (ok) s = nll_vec_sum_exp(x, C, mf);
+      }
+    } else {
+      for (int64_t j = 0; j < C; ++j) {
+        const double v = static_cast<double>(x[j]);
+        ok &= score_ok(v);
+        m = v > m ? v : m;
+      }
+      ok &= m > -std::numeric_limits<double>::infinity();
+      if (ok) {
+        for (int64_t j = 0; j < C; ++j) s += exp(static_cast<double>(x[j]) - m);
+      }
+    }
+    if (!ok) {
+      o.bad[0] += 1.0;
+      return;
+    }
+    o.extras[0] += 1.0;
+    o.extras[1] += m + log(s) - static_cast<double>(x[t]);
+  });
+}
+
 template <class T>
 void rows_scores(const Args& a, const Out& o, const T* preds, int64_t rs, const T* end, const Strided1<int64_t>& tg,
                  const Strided1<bool>& ms, bool has_m, int64_t b, int64_t e) {
   using V = typename Cmp<T>::type;
-  if (a.C == 1) {
+  if (a.K == 0 && o.confmat == nullptr && o.cells == nullptr) {
+    rows_nll(a, o, preds, rs, end, tg, ms, has_m, b, e);
+  } else if (a.C == 1) {
     rows_one<V>(a, o, preds, rs, end, tg, ms, has_m, b, e);
   } else if (a.kmax > kTopKBuffer) {
     rows_sort<V>(a, o, preds, rs, end, tg, ms, has_m, b, e);
@@ -349,7 +394,7 @@ void class_stats_cpu(const at::Tensor& preds_in, const at::Tensor& target, const
   const int64_t n = target.size(0);
   const bool scores = at::isFloatingType(preds_in.scalar_type());
   Args a{C, ignore_index.has_value(), ignore_index.value_or(0), top_ks.data(), static_cast<int>(top_ks.size()),
-         static_cast<int>(*std::max_element(top_ks.begin(), top_ks.end())), nll && scores};
+         top_ks.empty() ? 1 : static_cast<int>(*std::max_element(top_ks.begin(), top_ks.end())), nll && scores};
   const auto tg = strided1<int64_t>(target);
   const bool has_m = mask.has_value();
   const Strided1<bool> ms = has_m ? strided1<bool>(*mask) : Strided1<bool>{nullptr, 0};

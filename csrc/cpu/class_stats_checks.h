@@ -30,7 +30,8 @@ inline void check_class_stats(const at::Tensor& preds, const at::Tensor& target,
     D9D_CHECK(preds.sizes() == target.sizes(), op, "preds", "indices must have the shape of target ",
               target.sizes(), ", got ", preds.sizes());
   }
-  D9D_CHECK(!top_ks.empty(), op, "top_ks", "must be non-empty");
+  D9D_CHECK(!top_ks.empty() || (nll && scores), op, "top_ks",
+            "must be non-empty unless nll with scores (then only extras and bad are counted)");
   for (size_t a = 0; a < top_ks.size(); ++a) {  // K is tiny: a quadratic test, no allocation
     D9D_CHECK(top_ks[a] >= 1 && top_ks[a] <= C, op, "top_ks", "must lie in [1, num_classes=", C, "], got ", top_ks);
     for (size_t b = 0; b < a; ++b) D9D_CHECK(top_ks[a] != top_ks[b], op, "top_ks", "must be distinct, got ", top_ks);

@@ -185,7 +185,7 @@ void class_stats_cuda(const at::Tensor& preds_in, const at::Tensor& target, cons
   const int K = static_cast<int>(top_ks.size());
   TORCH_CHECK(K <= kWarp, "d9d_kernels.class_stats: argument 'top_ks' holds at most ", kWarp,
               " values on CUDA, got ", K);
-  const int kmax = static_cast<int>(*std::max_element(top_ks.begin(), top_ks.end()));
+  const int kmax = top_ks.empty() ? 1 : static_cast<int>(*std::max_element(top_ks.begin(), top_ks.end()));
   TopKs ks{};
   for (int i = 0; i < K; ++i) ks.k[i] = top_ks[i];
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, preds.scalar_type(), "class_stats_cuda", [&] {

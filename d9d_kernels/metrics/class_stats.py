@@ -108,6 +108,7 @@ class ClassStatistic(CountsNonfinite):
         if preds.is_floating_point() and preds.dim() == target.dim():
             # floating class indices (same shape as target): non-whole values are counted as bad
             preds = ops.as_index(preds)
+        lse = inputs.get("lse")  # Perplexity's given logsumexp: no exp pass in the kernel
         if preds.dim() > target.dim() and preds.dim() > 2:
             blocks = score_blocks(preds, target, mask, self.num_classes)
         else:
@@ -124,9 +125,13 @@ class ClassStatistic(CountsNonfinite):
                 confmat=state.get("confmat"),
                 ignore_index=self.ignore_index,
                 top_ks=self.top_ks,
-                nll=self.nll,
+                nll=self.nll and lse is None,
             )
             self.add_nonfinite(state, p, t, m, t.dim(), class_rows=True)
+        if lse is not None:  # after the kernel: its checks run first
+            from d9d_kernels.metrics.text import add_lse_nll
+
+            add_lse_nll(state, preds, target, mask, lse, self.ignore_index, count_rows=False)
 
     def _direct(self, sample: dict) -> bool:
         """Whether ``sample`` needs no reshaping: scores ``[N, C]`` or int64
@@ -140,6 +145,7 @@ class ClassStatistic(CountsNonfinite):
                  or preds.shape == n and preds.dtype == torch.int64)
             and (mask is None or (mask.dtype == torch.bool and mask.shape == n))
             and not self.count_nonfinite
+            and "lse" not in sample
         )
 
     def bind(self, sample: dict):

@@ -1,12 +1,14 @@
 """Perplexity from logits in one pass (log-sum-exp inside ``class_stats``).
 
 ``exp(Σ (logsumexp(s) - s[target]) / valid tokens)``; no log-softmax tensor is
-materialised. With ``num_classes`` (the vocabulary size) given, Perplexity
+materialised. ``update(..., lse=...)`` takes the per-token logsumexp the
+trainer's cross-entropy already computed: the exp pass is skipped (NLL =
+``lse - s[target]``), the state and the result are the same. With ``num_classes`` (the vocabulary size) given, Perplexity
 uses the same ``ClassStatistic`` as the classification metrics: in a
 ``MetricGroup`` with ``Accuracy(task="multiclass", num_classes=V)`` (top-1
 and top-k) on the same inputs and ``ignore_index``, ONE kernel call per
 update serves them all. Without it, Perplexity keeps only ``[2]`` floats of
-state and passes the kernel a transient ``[1, 3, V]`` scratch buffer.
+state and asks the kernel for the NLL alone (no top-k, no per-class counts).
 """
 
 from __future__ import annotations
@@ -23,6 +25,26 @@ from d9d_kernels.metrics.nonfinite import CountsNonfinite
 __all__ = ["Perplexity"]
 
 INPUTS = ("preds", "target", "mask")
+LSE = "lse"
+
+
+def add_lse_nll(state, preds, target, mask, lse, ignore_index, count_rows: bool) -> None:
+    """``extras[1] += Σ lse - s[target]`` over the kept rows with a target in
+    range and a finite lse (a NaN/+Inf score or an all -Inf row gives a
+    non-finite lse: such rows are bad, as in the kernel). ``count_rows``:
+    also count the valid and bad rows (the kernel did not)."""
+    V = preds.shape[-1]
+    x, t, l = preds.reshape(-1, V), target.reshape(-1), lse.reshape(-1)
+    keep = torch.ones_like(t, dtype=torch.bool) if mask is None else torch.broadcast_to(mask, target.shape).reshape(-1)
+    if ignore_index is not None:
+        keep = keep & (t != ignore_index)
+    ok = keep & (t >= 0) & (t < V) & torch.isfinite(l)
+    st = x.gather(1, torch.where(ok, t, 0)[:, None])[:, 0]
+    nll = torch.where(ok, l.to(torch.float64) - st.to(torch.float64), 0.0).sum()
+    if count_rows:
+        state["extras"][0] += ok.sum()
+        state["bad"] += (keep & ~ok).sum()
+    state["extras"][1] += nll
 
 
 @statistic
@@ -36,10 +58,15 @@ class NLLStatistic(CountsNonfinite):
 
     def update(self, state, **inputs) -> None:
         preds, target, mask = self.unpack(inputs)
-        V = preds.shape[-1]
-        scratch = torch.zeros(1, 3, V, dtype=torch.float64, device=preds.device)
-        ops.class_stats(preds, target, mask, num_classes=V, stats=scratch, extras=state["extras"], bad=state["bad"],
-                        ignore_index=self.ignore_index, top_ks=(1,), nll=True)
+        lse = inputs.get(LSE)
+        if lse is not None:  # no kernel: the NLL of the given lse, a few [N] ops
+            add_lse_nll(state, preds, target, mask, lse, self.ignore_index, count_rows=True)
+        else:
+            V = preds.shape[-1]
+            # no top_ks: the kernel counts only extras and bad; stats [0, 3, V] holds no bytes
+            no_stats = preds.new_empty((0, 3, V), dtype=torch.float64)
+            ops.class_stats(preds, target, mask, num_classes=V, stats=no_stats, extras=state["extras"],
+                            bad=state["bad"], ignore_index=self.ignore_index, top_ks=(), nll=True)
         self.add_nonfinite(state, preds, target, mask, target.dim(), class_rows=True)
 
 
@@ -53,8 +80,15 @@ class Perplexity(Metric):
         nan_strategy: as the classification metrics (default ``"error"``:
             NaN/Inf logits and out-of-range targets raise at ``compute()``).
 
-    ``update(preds, target, mask=None)``: logits ``[N, V]`` / ``[B, T, V]``
-    (any floating dtype; float64 accumulation), targets ``[N]`` / ``[B, T]``.
+    ``update(preds, target, mask=None, lse=None)``: logits ``[N, V]`` /
+    ``[B, T, V]`` (any floating dtype; float64 accumulation), targets ``[N]`` /
+    ``[B, T]``. ``lse`` (optional, floating, target's shape): each token's
+    ``logsumexp`` of its logits, as the training loss computed it; the update
+    then skips its exp pass (top-k/argmax only), same state, same result to
+    the precision of the given lse. In a ``MetricGroup``, ``g.update(preds=,
+    target=, lse=)`` feeds the members whose update takes ``lse``; the
+    Accuracy members sharing Perplexity(num_classes=V)'s kernel call are
+    filled by that same call.
     With no valid token, ``compute()`` returns 0.0.
 
     Example:
@@ -78,7 +112,8 @@ class Perplexity(Metric):
             return {"nll": NLLStatistic(self.ignore_index, count_nonfinite=nonfinite, inputs=INPUTS)}
         return {"nll": ClassStatistic(self.num_classes, self.ignore_index, (1,), nll=True, count_nonfinite=nonfinite, inputs=INPUTS)}
 
-    def update(self, preds: torch.Tensor, target: torch.Tensor, mask: torch.Tensor | None = None) -> None:
+    def update(self, preds: torch.Tensor, target: torch.Tensor, mask: torch.Tensor | None = None,
+               lse: torch.Tensor | None = None) -> None:
         """Adds a batch of logits and target token ids (device-local, no host sync)."""
         A.check_tensor("Perplexity", "preds", preds)
         A.check_tensor("Perplexity", "target", target)
@@ -92,7 +127,14 @@ class Perplexity(Metric):
                     f"has vocabulary size {ps[-1]} in its last dim but num_classes={self.num_classes}")
         A.check(preds.device == target.device, "Perplexity", "target", f"must be on preds' device {preds.device}")
         A.check_mask("Perplexity", mask, ts)
-        self._feed({"nll": dict(preds=preds, target=target, mask=mask)})
+        if lse is None:
+            self._feed({"nll": dict(preds=preds, target=target, mask=mask)})
+            return
+        A.check_tensor("Perplexity", "lse", lse)
+        A.check(lse.is_floating_point(), "Perplexity", "lse", f"must be floating, got {lse.dtype}", TypeError)
+        A.check(tuple(lse.shape) == ts, "Perplexity", "lse", f"must have target's shape {ts}, got {tuple(lse.shape)}")
+        A.check(lse.device == preds.device, "Perplexity", "lse", f"must be on preds' device {preds.device}")
+        self._feed({"nll": dict(preds=preds, target=target, mask=mask, lse=lse)})
 
     def _raise_on_bad(self) -> bool:
         return True

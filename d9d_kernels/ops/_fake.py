@@ -70,7 +70,7 @@ def class_stats(preds, target, mask, num_classes, ignore_index, top_ks, nll, sta
         _ok(preds.dtype == torch.int64, op, "preds", f"must be int64 class indices or floating scores, got {preds.dtype}")
         _ok(preds.shape == target.shape, op, "preds", f"indices must have the shape of target, got {list(preds.shape)}")
     ks = list(top_ks)
-    _ok(len(ks) >= 1, op, "top_ks", "must be non-empty")
+    _ok(len(ks) >= 1 or (nll and scores), op, "top_ks", "must be non-empty unless nll with scores")
     _ok(all(1 <= k <= C for k in ks), op, "top_ks", f"must lie in [1, num_classes={C}], got {ks}")
     _ok(len(set(ks)) == len(ks), op, "top_ks", f"must be distinct, got {ks}")
     _ok(scores or ks == [1], op, "top_ks", f"must be [1] when preds are class indices, got {ks}")

@@ -46,6 +46,8 @@ def class_stats(
         confmat: float64 ``[C, C]`` (rows = target, cols = argmax) or ``None``.
         ignore_index: target value whose rows are dropped, or ``None``.
         top_ks: distinct k's, ``1 <= k <= C`` (only ``(1,)`` for index preds).
+            Empty with ``nll`` and scores: the NLL alone (``stats`` is
+            ``[0, 3, C]``, no bytes), as Perplexity without the classes.
         nll: accumulate ``logsumexp(s) - s[target]`` (scores only).
         backend: force ``"cpp" | "cuda" | "triton" | "torch"``.
 
@@ -75,8 +77,8 @@ def class_stats(
             fail(OP, "preds", f"indices must have the shape of target {tuple(target.shape)}, got {tuple(preds.shape)}")
         preds = preds.to(torch.int64)
     top_ks = [int(k) for k in top_ks]
-    if not (len(top_ks) >= 1 and len(set(top_ks)) == len(top_ks)):
-        fail(OP, "top_ks", f"must be distinct and non-empty, got {top_ks}")
+    if not ((len(top_ks) >= 1 or (nll and scores)) and len(set(top_ks)) == len(top_ks)):
+        fail(OP, "top_ks", f"must be distinct and non-empty (empty only with nll and scores), got {top_ks}")
     if not (all(1 <= k <= C for k in top_ks)):
         fail(OP, "top_ks", f"must lie in [1, num_classes={C}], got {top_ks}")
     check(scores or top_ks == [1], OP, "top_ks", "must be (1,) when preds are class indices (top-k needs scores)")

@@ -160,7 +160,7 @@ def _class_stats_op(
         return
     preds = preds.reshape(n, C).contiguous()
     ks = torch.tensor(top_ks, dtype=torch.int64, device=preds.device)
-    kmax = max(top_ks)
+    kmax = max(top_ks, default=1)  # no top_ks (nll only): the argmax still finds bad rows
     block_c = min(pow2(C), max(TILE // 16, 16))
     block_n = max(TILE // block_c, 1)
     launch(_scores_kernel)[(triton.cdiv(n, block_n),)](

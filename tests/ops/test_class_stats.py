@@ -32,8 +32,18 @@ def run_and_compare(backend, preds, target, mask=None, *, C, top_ks=(1,), nll=Fa
         assert_counts_equal(got[1], want[1], "confmat")
     assert_counts_equal(got[2][:1], want[2][:1], "extras[0]")
     assert_counts_equal(got[3], want[3], "bad")
-    assert_sums_close(got[2][1:], want[2][1:], "nll")
+    assert_nll_close(got[2], want[2], preds.dtype)
     return got
+
+
+def assert_nll_close(got_extras, want_extras, dtype):
+    """float32/float16/bfloat16 scores: the CPU's exp runs in float lanes, each row's
+    NLL within 1e-7 (perplexity within 1e-7 relative); float64 scores: to rounding."""
+    if dtype in (torch.float32, torch.float16, torch.bfloat16):
+        atol = 1e-7 * max(1.0, want_extras[0].item())
+        torch.testing.assert_close(got_extras[1:], want_extras[1:], rtol=0, atol=atol, equal_nan=True)
+    else:
+        assert_sums_close(got_extras[1:], want_extras[1:], "nll")
 
 
 @pytest.mark.parametrize(("n", "C"), [(0, 3), (1, 1), (123, 7), (5000, 1000), (150_000, 7), (150_000, 50)])
@@ -341,7 +351,7 @@ def test_masked_logits(backend, dtype, C):
     assert got[3].item() == 0 and got[2][0].item() == n  # no row is bad
     # independent references: cross_entropy for the NLL, argmax for top-1
     want_nll = torch.nn.functional.cross_entropy(preds.double(), target, reduction="sum")
-    torch.testing.assert_close(got[2][1], want_nll, rtol=1e-9, atol=1e-9)
+    assert_nll_close(got[2], torch.stack([got[2][0], want_nll]), preds.dtype)
     hits = (preds.double().argmax(dim=1) == target).double().sum()
     assert got[0][0, 0].sum().item() == hits.item()
     # a row of only -Inf is bad and changes nothing else; masked ones rank last, in index order
@@ -386,3 +396,39 @@ def test_16_byte_lanes_without_avx2():
     r = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
     assert " passed" in r.stdout and " failed" not in r.stdout
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("C", [1, 31, 32, 33, 1000])
+def test_nll_alone_without_top_ks(backend, dtype, C):
+    """top_ks=() with nll: only extras and bad (the Perplexity path), against the
+    reference and float64 cross_entropy; -inf masked logits, NaN/+Inf and all -inf rows."""
+    g = torch.Generator().manual_seed(C)
+    n = 300
+    logits = torch.randn(n, C, generator=g, dtype=torch.float64) * 4
+    target = torch.randint(0, C, (n,), generator=g)
+    if C > 1:
+        masked = torch.rand(n, C, generator=g) < 0.3
+        masked[torch.arange(n), target] = False
+        logits = logits.masked_fill(masked, float("-inf"))
+    preds = logits.to(dtype)
+    target[::17] = -1  # ignored
+    got = run_and_compare(backend, preds, target, C=C, top_ks=(), nll=True, ignore_index=-1, confmat=False)
+    assert got[3].item() == 0
+    keep = target != -1
+    want = torch.nn.functional.cross_entropy(preds[keep].double(), target[keep], reduction="sum")
+    assert_nll_close(got[2], torch.stack([got[2][0], want]), dtype)
+    bad = preds.clone()
+    bad[3, 0], bad[5, C - 1], bad[7] = float("nan"), float("inf"), float("-inf")
+    got = run_and_compare(backend, bad, target, C=C, top_ks=(), nll=True, ignore_index=-1, confmat=False)
+    assert got[3].item() == 3
+
+
+def test_empty_top_ks_needs_nll_scores():
+    C = 5
+    with pytest.raises(ValueError, match="top_ks"):
+        dk.ops.class_stats(torch.randn(4, C), torch.zeros(4, dtype=torch.int64), num_classes=C,
+                           stats=f64(0, 3, C), extras=f64(2), bad=f64(1), top_ks=(), nll=False)
+    with pytest.raises(ValueError, match="top_ks"):
+        dk.ops.class_stats(torch.zeros(4, dtype=torch.int64), torch.zeros(4, dtype=torch.int64), num_classes=C,
+                           stats=f64(0, 3, C), extras=f64(2), bad=f64(1), top_ks=(), nll=True)

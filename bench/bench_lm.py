@@ -1,0 +1,174 @@
+"""Language-model metrics per step: Perplexity + top-1 + top-5 token accuracy
+over logits [N, V], d9d_kernels vs its peers, interleaved in one run.
+
+    python bench/bench_lm.py [--quick | --tiny] [--out bench/results/bench_lm.csv]
+
+Providers, each one update of the three metrics on the same logits/targets
+(10 % ignore_index):
+  d9d          MetricGroup(Perplexity(num_classes=V), Accuracy, Accuracy(top_k=5)): one class_stats call
+  d9d_lse      the same with lse= (the per-token logsumexp the loss already computed, made outside the timing)
+  torch        hand-written: F.cross_entropy(sum) + argmax + topk(5), accumulated in tensors
+  torchmetrics Perplexity + MulticlassAccuracy(top_k=1) + MulticlassAccuracy(top_k=5), micro
+               (first shape only: ~8 s an update at [2048, 32000] on the 2-core bench machine)
+  floor        x.amax(-1): one read of the logits
+Rounds interleave the providers (same load on each); medians over rounds.
+Bytes allocated by one update (profiler; an upper bound on its peak extra
+memory) go to bench_lm_memory.json beside the CSV.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import RESULTS, row, stats, write_csv  # noqa: E402
+
+import d9d_kernels as dk  # noqa: E402
+
+IGNORE = -100
+FULL = [(2048, 32000), (8192, 32000), (1024, 128000)]
+QUICK = [(512, 32000)]
+TINY = [(64, 2000)]
+OP = "ppl+acc+top5"
+
+
+def batch(N, V, dtype):
+    g = torch.Generator().manual_seed(0)
+    x = (torch.randn(N, V, generator=g) * 3).to(dtype)
+    t = torch.randint(0, V, (N,), generator=g)
+    t[torch.rand(N, generator=g) < 0.1] = IGNORE
+    return x, t
+
+
+def providers(x, t, with_torchmetrics: bool):
+    V = x.shape[1]
+    g = dk.MetricGroup({"ppl": dk.Perplexity(ignore_index=IGNORE, num_classes=V),
+                        "acc": dk.Accuracy(task="multiclass", num_classes=V, ignore_index=IGNORE),
+                        "top5": dk.Accuracy(task="multiclass", num_classes=V, top_k=5, ignore_index=IGNORE)})
+    gl = dk.MetricGroup({"ppl": dk.Perplexity(ignore_index=IGNORE, num_classes=V),
+                         "acc": dk.Accuracy(task="multiclass", num_classes=V, ignore_index=IGNORE),
+                         "top5": dk.Accuracy(task="multiclass", num_classes=V, top_k=5, ignore_index=IGNORE)})
+    lse = torch.logsumexp(x.float(), dim=-1)  # as the loss computed it
+    acc = torch.zeros(4, dtype=torch.float64)
+
+    def hand():
+        keep = t != IGNORE
+        acc[0] += F.cross_entropy(x, t, ignore_index=IGNORE, reduction="sum").double()
+        acc[1] += ((x.argmax(-1) == t) & keep).sum()
+        acc[2] += ((x.topk(5, -1).indices == t[:, None]).any(-1) & keep).sum()
+        acc[3] += keep.sum()
+
+    out = {"d9d": lambda: g.update(preds=x, target=t), "d9d_lse": lambda: gl.update(preds=x, target=t, lse=lse),
+           "torch": hand, "floor": lambda: x.amax(-1)}
+    if not with_torchmetrics:
+        return out
+    try:
+        from torchmetrics.classification import MulticlassAccuracy
+        from torchmetrics.text import Perplexity as TMPerplexity
+
+        tm = [TMPerplexity(ignore_index=IGNORE),
+              MulticlassAccuracy(V, top_k=1, average="micro", ignore_index=IGNORE),
+              MulticlassAccuracy(V, top_k=5, average="micro", ignore_index=IGNORE)]
+
+        def tmu():
+            tm[0].update(x[None], t[None])
+            tm[1].update(x, t)
+            tm[2].update(x, t)
+
+        out["torchmetrics"] = tmu
+    except ImportError:
+        pass
+    return out
+
+
+def allocated_bytes(fn) -> int:
+    """Bytes allocated during one call of fn (profiler self memory of every op,
+    frees not subtracted): an upper bound on its peak extra memory."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    return sum(e.self_cpu_memory_usage for e in prof.events() if e.self_cpu_memory_usage > 0)
+
+
+def plot(rows, mem, png: Path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cases = []
+    for r in rows:
+        if (r["shape"], r["dtype"]) not in cases:
+            cases.append((r["shape"], r["dtype"]))
+    provs = ["floor", "d9d_lse", "d9d", "torch", "torchmetrics"]
+    fig, ax = plt.subplots(figsize=(2.2 * len(cases) + 2, 3.8))
+    w = 0.8 / len(provs)
+    for i, p in enumerate(provs):
+        ys = [next((float(r["p50_us"]) / 1e3 for r in rows if (r["shape"], r["dtype"]) == c and r["provider"] == p),
+                   0.0) for c in cases]
+        ax.bar([k + i * w for k in range(len(cases))], ys, w, label=p)
+    ax.set_xticks([k + 0.4 - w / 2 for k in range(len(cases))])
+    ax.set_xticklabels([f"{s}\n{d}" for s, d in cases], fontsize=7)
+    ax.set_yscale("log")
+    ax.set_ylabel("ms per update (p50)")
+    ax.set_title(f"{OP} update, CPU, interleaved rounds", fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--quick", action="store_true")
+    mode.add_argument("--tiny", action="store_true")
+    p.add_argument("--out", default=str(RESULTS / "bench_lm.csv"))
+    p.add_argument("--rounds", type=int, default=None)
+    a = p.parse_args(argv)
+    shapes = TINY if a.tiny else QUICK if a.quick else FULL
+    rounds = a.rounds or (2 if a.tiny else 5)
+    rows, mem = [], {}
+    out = Path(a.out)
+    for N, V in shapes:
+        for dtype in (torch.bfloat16, torch.float32):
+            x, t = batch(N, V, dtype)
+            fns = providers(x, t, with_torchmetrics=(N, V) == shapes[0])
+            for fn in fns.values():  # warm-up (plans, first-touch)
+                fn()
+            times = {k: [] for k in fns}
+            for _ in range(rounds):
+                for k, fn in fns.items():
+                    t0 = time.perf_counter()
+                    fn()
+                    times[k].append(time.perf_counter() - t0)
+            shape, dt = f"N={N},V={V}", str(dtype).replace("torch.", "")
+            for k, ts in times.items():
+                rows.append(row("lm", op=OP, provider=k, shape=shape, dtype=dt, device="cpu", stats=stats(ts)))
+            med = {k: sorted(ts)[len(ts) // 2] for k, ts in times.items()}
+            mem[f"{shape},{dt}"] = {"logits_bytes": x.numel() * x.element_size(),
+                                    **{k: allocated_bytes(fn) for k, fn in fns.items() if k != "floor"}}
+            print(f"{shape} {dt}: " + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in med.items())
+                  + f" | d9d/floor {med['d9d'] / med['floor']:.2f}, torch/d9d {med['torch'] / med['d9d']:.2f}, "
+                  f"d9d_lse/floor {med['d9d_lse'] / med['floor']:.2f} | allocated "
+                  + ", ".join(f"{k} {v / 2**20:.2f} MiB" for k, v in mem[f'{shape},{dt}'].items()), flush=True)
+            del x, t, fns
+            write_csv(out, rows)  # after each case: a run cut short keeps what it measured
+            out.with_name(out.stem + "_memory.json").write_text(json.dumps(mem, indent=1))
+    try:
+        plot(rows, mem, out.with_suffix(".png"))
+    except Exception as e:  # a plot failing must not lose the CSV
+        print(f"bench_lm: plot failed: {e}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,178 @@
+// The NLL pass of class_stats on CPU (class_stats_nll.h) on at::vec.
+// at::vec fixes its width at compile time (CPU_CAPABILITY_*), and setup.py
+// builds every file with one flag set for the x86-64 baseline, where the
+// default Vectorized<float> is a plain array with a scalar std::exp. So this
+// one file builds the AVX2 Vectorized (Sleef expf8, F16C/bfloat16 loads)
+// under `#pragma GCC target`, as class_stats.cpp builds its 32-byte lanes,
+// and class_stats.cpp calls it only after the same runtime check. Every
+// header at::vec includes from outside its CPU_CAPABILITY namespace is
+// included first, built for the baseline, so no inline function shared with
+// another file gets an AVX2 body (the linker keeps one copy of each).
+#include "class_stats_nll.h"
+
+#include <ATen/NumericUtils.h>
+#include <ATen/Version.h>
+#include <ATen/native/Math.h>
+#include <ATen/native/cpu/zmath.h>
+#include <c10/macros/Macros.h>
+#include <c10/util/BFloat16-math.h>
+#include <c10/util/Load.h>
+#include <c10/util/MathConstants.h>
+#include <c10/util/TypeCast.h>
+#include <c10/util/complex.h>
+#include <c10/util/copysign.h>
+#include <c10/util/irange.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <ostream>
+#include <tuple>
+#include <type_traits>
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#include <immintrin.h>
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+#pragma GCC diagnostic ignored "-Wunknown-pragmas"  // at::vec's `#pragma unroll`
+#pragma GCC diagnostic ignored "-Wpsabi"  // lambdas of unused bfloat16 operators miss the target
+#define CPU_CAPABILITY AVX2
+#define CPU_CAPABILITY_AVX2
+// sleef.h declares its 8-lane functions only under __AVX__, which the pragma
+// does not define for C++.
+#if !defined(__AVX__)
+#define __AVX__ 1
+#define D9D_UNDEF_AVX
+#endif
+#include <sleef.h>
+#if defined(D9D_UNDEF_AVX)
+#undef __AVX__
+#undef D9D_UNDEF_AVX
+#endif
+#include <ATen/cpu/vec/functional.h>
+#include <ATen/cpu/vec/vec.h>
+
+namespace d9d {
+namespace {
+
+using FVec = at::vec::Vectorized<float>;
+constexpr int64_t kW = FVec::size();  // 8 floats
+// Scores summed in float lanes before a double add: 16 terms a lane keep the
+// float sum within a few ulps (a float sum over a whole 128k row would not).
+constexpr int64_t kBlock = 16 * 4 * kW;
+
+// 16 scores at x as two float vectors (float16/bfloat16: exact conversion).
+template <class T>
+inline void load16(const T* x, FVec& a, FVec& b) {
+  if constexpr (std::is_same_v<T, float>) {
+    a = FVec::loadu(x);
+    b = FVec::loadu(x + kW);
+  } else {
+    std::tie(a, b) = at::vec::convert_to_float<T>(at::vec::Vectorized<T>::loadu(x));
+  }
+}
+
+}  // namespace
+
+bool nll_vec_ok() {
+  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                          at::get_cpu_capability() != "DEFAULT";
+  return yes;
+}
+
+template <class T>
+bool nll_vec_max(const T* x, int64_t C, float* max) {
+  constexpr float inf = std::numeric_limits<float>::infinity();
+  FVec m0(-inf), m1(-inf), m2(-inf), m3(-inf);
+  FVec a, b, c, d;
+  int64_t j = 0;
+  for (; j + 32 <= C; j += 32) {  // maximum() propagates NaN
+    load16(x + j, a, b);
+    load16(x + j + 16, c, d);
+    m0 = at::vec::maximum(m0, a);
+    m1 = at::vec::maximum(m1, b);
+    m2 = at::vec::maximum(m2, c);
+    m3 = at::vec::maximum(m3, d);
+  }
+  float lanes[kW];
+  at::vec::maximum(at::vec::maximum(m0, m1), at::vec::maximum(m2, m3)).store(lanes);
+  bool nan = false;
+  float m = -inf;
+  for (int64_t l = 0; l < kW; ++l) {
+    nan |= lanes[l] != lanes[l];
+    m = lanes[l] > m ? lanes[l] : m;
+  }
+  for (; j < C; ++j) {
+    const float v = static_cast<float>(x[j]);
+    nan |= v != v;
+    m = v > m ? v : m;
+  }
+  *max = m;
+  return !nan && m < inf && m > -inf;
+}
+
+template <class T>
+double nll_vec_sum_exp(const T* x, int64_t C, float m) {
+  const FVec vm(m);
+  FVec a, b, c, d;
+  double total = 0.0;
+  int64_t j = 0;
+  const int64_t full = C - C % 32;
+  while (j < full) {
+    FVec s0(0.f), s1(0.f), s2(0.f), s3(0.f);
+    for (const int64_t stop = std::min(full, j + kBlock); j < stop; j += 32) {
+      load16(x + j, a, b);
+      load16(x + j + 16, c, d);
+      s0 += (a - vm).exp();  // exp(-inf) = 0: masked logits add nothing
+      s1 += (b - vm).exp();
+      s2 += (c - vm).exp();
+      s3 += (d - vm).exp();
+    }
+    float lanes[kW];
+    ((s0 + s1) + (s2 + s3)).store(lanes);
+    for (int64_t l = 0; l < kW; ++l) total += lanes[l];
+  }
+  for (; j < C; ++j) total += std::exp(static_cast<double>(static_cast<float>(x[j]) - m));
+  return total;
+}
+
+// Instantiated here, inside the AVX2 region: GCC gives a template the target
+// of its instantiation point.
+template bool nll_vec_max<float>(const float*, int64_t, float*);
+template bool nll_vec_max<c10::Half>(const c10::Half*, int64_t, float*);
+template bool nll_vec_max<c10::BFloat16>(const c10::BFloat16*, int64_t, float*);
+template double nll_vec_sum_exp<float>(const float*, int64_t, float);
+template double nll_vec_sum_exp<c10::Half>(const c10::Half*, int64_t, float);
+template double nll_vec_sum_exp<c10::BFloat16>(const c10::BFloat16*, int64_t, float);
+
+}  // namespace d9d
+
+#pragma GCC pop_options
+#undef CPU_CAPABILITY_AVX2
+#undef CPU_CAPABILITY
+
+#else  // no AVX2 build: class_stats.cpp keeps its scalar exp
+
+namespace d9d {
+bool nll_vec_ok() { return false; }
+template <class T>
+bool nll_vec_max(const T*, int64_t, float*) {
+  return false;
+}
+template <class T>
+double nll_vec_sum_exp(const T*, int64_t, float) {
+  return 0.0;
+}
+template bool nll_vec_max<float>(const float*, int64_t, float*);
+template bool nll_vec_max<c10::Half>(const c10::Half*, int64_t, float*);
+template bool nll_vec_max<c10::BFloat16>(const c10::BFloat16*, int64_t, float*);
+template double nll_vec_sum_exp<float>(const float*, int64_t, float);
+template double nll_vec_sum_exp<c10::Half>(const c10::Half*, int64_t, float);
+template double nll_vec_sum_exp<c10::BFloat16>(const c10::BFloat16*, int64_t, float);
+}  // namespace d9d
+
+#endif
