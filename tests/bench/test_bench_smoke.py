@@ -46,7 +46,7 @@ def tiny_run(tmp_path_factory):
 
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("name,providers", [
-    ("update", set(pv.UPDATE_PROVIDERS)),
+    ("update", set(pv.UPDATE_PROVIDERS) | {"d9d_movedim_copy"}),  # + the segmentation section
     ("sync", {"d9d", "d9d_compute", "torchmetrics", "torcheval", "raw_all_reduce"}),
     ("training", {"none", "d9d", "torchmetrics", "torchmetrics_fast"}),
     ("ring", {"raw_all_reduce"}),

@@ -151,13 +151,13 @@ def test_norms_in_a_group_bin_once(monkeypatch):
 
 
 def test_error_inside_a_group_names_the_member_and_updates_nobody():
-    g = dk.MetricGroup({"acc": dk.Accuracy(task="multiclass", num_classes=3),
-                        "ece": dk.CalibrationError(task="multiclass", num_classes=3)})
+    g = dk.MetricGroup({"ece": dk.CalibrationError(task="multiclass", num_classes=3),
+                        "acc": dk.Accuracy(task="multiclass", num_classes=3)})
     preds, target = torch.softmax(torch.randn(10, 3, dtype=torch.float64), 1), torch.randint(0, 3, (10,))
     g.update(preds=preds, target=target)
     before = {k: v.clone() for k, v in g.compute().items()}
     with pytest.raises(TypeError, match=r"MetricGroup\['ece'\] \(CalibrationError\).*'target'"):
-        g.update(preds=preds, target=target.double())  # float labels: Accuracy may take them, ECE refuses
+        g.update(preds=preds, target=target.double())  # float labels: refused by both, ECE is checked first
     after = g.compute()
     for k in before:
         torch.testing.assert_close(after[k], before[k])
