@@ -93,6 +93,18 @@ class _CustomStatistic(Statistic):
 # ----------------------------------------------------------------------------
 
 
+def copy_to_host(packed: torch.Tensor) -> tuple[torch.Tensor, "torch.cuda.Event | None"]:
+    """Starts ONE device->host copy of ``packed`` without blocking: a pinned
+    buffer and the event that marks the copy's end (CPU: the tensor, None)."""
+    if not packed.is_cuda:
+        return packed.to("cpu"), None
+    host = torch.empty(packed.shape, dtype=torch.float64, pin_memory=True)
+    host.copy_(packed, non_blocking=True)
+    event = torch.cuda.Event()
+    event.record()
+    return host, event
+
+
 class HostValues:
     """Results packed into one tensor copied device->host without blocking.
 
@@ -573,14 +585,7 @@ class Metric(metaclass=_MetricMeta):
             flat.append(c.reshape(1))
             flat.extend(t.reshape(1) for t in causes.values())
         packed = torch.cat(flat) if flat else torch.zeros(0, dtype=torch.float64)
-        event = None
-        if packed.is_cuda:
-            host = torch.empty(packed.shape, dtype=torch.float64, pin_memory=True)
-            host.copy_(packed, non_blocking=True)
-            event = torch.cuda.Event()
-            event.record()
-        else:
-            host = packed.to("cpu")
+        host, event = copy_to_host(packed)
         return HostValues(host, [n for n, _ in items], [tuple(v.shape) for _, v in items],
                           [(m, list(causes)) for m, _, causes in checks], event,
                           single=not isinstance(self, _GroupBase))

@@ -300,7 +300,7 @@ def fused_compute_to_host(group, keys: dict):
     """``MetricGroup.compute_to_host()``: every value packed per family (one
     ``cat``, one permutation into member order) with the bad-input counts and
     causes ``HostValues`` checks, then ONE non-blocking device->host copy."""
-    from d9d_kernels.core.metric import HostValues
+    from d9d_kernels.core.metric import HostValues, copy_to_host
 
     plan = _plan(group)
     bufs = _buffers(group)
@@ -350,12 +350,5 @@ def fused_compute_to_host(group, keys: dict):
         perm = plan._device_idx[key] = torch.tensor(order + list(range(pos, pos + tail)),
                                                     dtype=torch.int64, device=dev)
     packed = torch.cat(parts).index_select(0, perm) if parts else torch.zeros(0, dtype=torch.float64)
-    event = None
-    if packed.is_cuda:
-        host = torch.empty(packed.shape, dtype=torch.float64, pin_memory=True)
-        host.copy_(packed, non_blocking=True)
-        event = torch.cuda.Event()
-        event.record()
-    else:
-        host = packed.to("cpu")
+    host, event = copy_to_host(packed)
     return HostValues(host, [keys[n] for n in names], shapes, checks, event, single=False)
