@@ -451,7 +451,6 @@ def test_confusion_matrix_constructor_allocates_nothing_big():
     assert resident_kib("VmHWM") - base < 64 * 1024, "the constructor touched > 64 MiB"
 
 
-@pytest.mark.xfail(strict=False, reason="the state-size ValueError is added to the core (storage) in another branch")
 def test_confusion_matrix_too_big_raises_value_error_with_size():
     with pytest.raises(ValueError, match=r"298(\.\d+)? GiB"):
         dk.ConfusionMatrix(task="multiclass", num_classes=200_000)
