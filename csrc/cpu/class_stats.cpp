@@ -1,24 +1,15 @@
 // class_stats on CPU: rows split into chunks, each with private counts
 // (stats [K,3,C], extras, bad) merged at the end. With several chunks the
 // confusion matrix is not privatised: each row records its cell and one
-// serial pass adds them: a private [C, C] per chunk had forced C = 1000 onto
-// one thread (logits [1024, 1000], top-1/5 + confmat, 2 threads: 2.40 ->
-// 1.58 ms, the cost without a confusion matrix).
+// serial pass adds them, so a large C still splits over threads (a private
+// [C, C] per chunk would force C = 1000 onto one thread).
 // Score rows: up to 32 classes (24 for float64), branch-free all-pairs
 // ranks with per-class counts in vector lanes (rows_small); longer rows, a
 // two-pass threshold scan that offers ~k scores to a top-k buffer
-// (rows_scan); the log-sum-exp only with nll. Float/half/bfloat16 compare
-// in float. Logits, top-1/5 + confmat, float32, 2 threads on the bench
-// machine (2 shared cores, no gain from the 2nd thread), before -> after:
-//   [1024, 10] 31.6 -> 16 us; [16384, 10] 1866 -> 225 us;
-//   [32, 1000] 41.8 -> 8.0 us; [1024, 1000] 1600 -> 224 us;
-//   [16384, 1000] 25.9 -> 5.7 ms (torch.topk + bincount: 1020 us, 86 us,
-//   750 us, 12.6 ms on the same shapes).
-// rows_small has a 32-byte (AVX2) build beside the 16-byte one; same loop,
-// twice the lanes. 16 -> 32 bytes, one thread, min of 15 runs: [16384, 10]
-// 283-326 -> 208-211 us; [1024, 10] 20.3 -> 14.8 us; [16384, 32] 1153 ->
-// 597 us; float64 [16384, 10] 756 -> 269 us, [16384, 24] 2303 -> 713 us;
-// bfloat16 [16384, 10] 328-336 -> 261-276 us.
+// (rows_scan); the log-sum-exp only with nll (class_stats_nll.cpp). Float /
+// half / bfloat16 compare in float. rows_small has a 32-byte (AVX2) build
+// beside the 16-byte one: same loop, twice the lanes. Measured figures:
+// docs/kernels.md and bench/analysis.md.
 // Specification: d9d_kernels/reference.py::class_stats.
 #include "../kernels/class_stats.h"
 
@@ -48,10 +39,8 @@ namespace {
 // measured by bench/bench_kernels.py, well above a thread hand-off.
 constexpr int64_t kGrainRows = 1 << 16;
 // Score rows per chunk: >= kGrainNs of work at ~(10 + C / 5) ns per float32
-// row (measured 14 ns at C = 10, 220 ns at C = 1000). Was 32768 scores a
-// chunk: 3277 -> 4166 rows at C = 10, 33 -> 238 at C = 1000. An estimate,
-// not swept: the bench machine gains nothing from a 2nd thread (at [64,
-// 1000] a 2nd chunk took 13.3 -> 16.9 us there).
+// row (14 ns at C = 10, 220 ns at C = 1000, bench/bench_kernels.py). An
+// estimate, not swept: the bench machine gains nothing from a 2nd thread.
 constexpr int64_t kGrainNs = 50000;
 
 // Where one chunk accumulates: the state itself (single chunk) or a private slice.
@@ -304,8 +293,8 @@ void rows_sort(const Args& a, const Out& o, const T* preds, int64_t rs, const T*
 }
 
 // C = 1 (top_ks = [1]): every finite row is a hit on class 0, its NLL 0 (a
-// -Inf row is all masked: bad, as a NaN/+Inf one)
-// (rows_small cost 6.0 -> 7.7 ns/row on [16384, 1]).
+// -Inf row is all masked: bad, as a NaN/+Inf one); cheaper than ranking a
+// one-class row in rows_small.
 template <class V, class T>
 void rows_one(const Args& a, const Out& o, const T* preds, int64_t rs, const T* end, const Strided1<int64_t>& tg,
               const Strided1<bool>& ms, bool has_m, int64_t b, int64_t e) {
