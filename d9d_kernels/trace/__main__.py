@@ -60,6 +60,30 @@ def _one_line(msg: str) -> str:
     return re.sub(r"\s*\n\s*", " ", str(msg)).strip()
 
 
+def _write_outputs(args, doc: dict, page) -> int:
+    """Writes ``doc`` to ``--json`` and ``page(html_report)`` to ``--html``
+    when asked; 2 when a file cannot be written, else 0."""
+    rc = 0
+    if args.json:
+        try:
+            with open(args.json, "w", encoding="utf-8") as fh:
+                json.dump(doc, fh, indent=1, allow_nan=False)
+        except (OSError, ValueError) as exc:
+            _err(f"{args.json}: cannot write JSON: {exc}")
+            rc = 2
+    if args.html:
+        from d9d_kernels.trace.report import html_report
+
+        try:
+            text = page(html_report)
+            with open(args.html, "w", encoding="utf-8") as fh:
+                fh.write(text)
+        except OSError as exc:
+            _err(f"{args.html}: cannot write HTML: {exc}")
+            rc = 2
+    return rc
+
+
 def _err(msg: str):
     print(f"error: {_one_line(msg)}", file=sys.stderr)
 
@@ -180,26 +204,13 @@ def _diff_main(argv) -> int:
     except TraceError as exc:
         _err(f"{exc.file}: {exc.reason}")
         return 1
-    rc = 0
-    if args.json:
-        try:
-            with open(args.json, "w", encoding="utf-8") as fh:
-                json.dump(res, fh, indent=1, allow_nan=False)
-        except (OSError, ValueError) as exc:
-            _err(f"{args.json}: cannot write JSON: {exc}")
-            rc = 2
-    if args.html:
-        from d9d_kernels.trace.report import html_report
-
-        try:
-            with open(args.html, "w", encoding="utf-8") as fh:
-                fh.write(html_report({"diff": {**res, "ranks": diff.top_table(res, args.top)}},
-                                     title=f"diff {args.run_a} -> {args.run_b}",
-                                     inputs=[args.run_a, args.run_b], errors=res["errors"],
-                                     warnings=res["warnings"]))
-        except OSError as exc:
-            _err(f"{args.html}: cannot write HTML: {exc}")
-            rc = 2
+    rc = _write_outputs(
+        args, res,
+        lambda html_report: html_report({"diff": {**res, "ranks": diff.top_table(res, args.top)}},
+                                        title=f"diff {args.run_a} -> {args.run_b}",
+                                        inputs=[args.run_a, args.run_b], errors=res["errors"],
+                                        warnings=res["warnings"]),
+    )
     for w in res["warnings"]:
         print(f"warning: {_one_line(w)}", file=sys.stderr)
     print(diff.text(res, args.top))
@@ -318,25 +329,11 @@ def main(argv=None) -> int:
           or (r.get("notes") and not r.get("errors"))]
     doc = {"inputs": [str(p) for p in args.paths], "tools": results, "errors": all_errors,
            "warnings": warnings}
-    rc_out = 0
-    if args.json:
-        try:
-            with open(args.json, "w", encoding="utf-8") as fh:
-                json.dump(doc, fh, indent=1, allow_nan=False)
-        except (OSError, ValueError) as exc:
-            _err(f"{args.json}: cannot write JSON: {exc}")
-            rc_out = 2
-    if args.html:
-        try:
-            from d9d_kernels.trace.report import html_report
-
-            page = html_report(results, title=f"Trace analysis: {', '.join(map(str, args.paths))}",
-                               inputs=args.paths, errors=all_errors, warnings=warnings)
-            with open(args.html, "w", encoding="utf-8") as fh:
-                fh.write(page)
-        except OSError as exc:
-            _err(f"{args.html}: cannot write HTML: {exc}")
-            rc_out = 2
+    rc_out = _write_outputs(
+        args, doc,
+        lambda html_report: html_report(results, title=f"Trace analysis: {', '.join(map(str, args.paths))}",
+                                        inputs=args.paths, errors=all_errors, warnings=warnings),
+    )
     if not args.quiet:
         from d9d_kernels.trace.report import text_report
 

@@ -136,7 +136,7 @@ def compare(run_a, run_b, steps="hta", allow_mixed: bool = False, rounding: str 
 
 def text(res: dict, top: int = 15) -> str:
     """Summary and the ``top`` regressions and improvements per side, as text tables."""
-    from d9d_kernels.trace.report import _text_table, ellipsize, fmt
+    from d9d_kernels.trace.report import _text_table, ellipsize, fmt, trailer_lines
 
     parts = [f"== diff: A = {res.get('inputs', {}).get('a')}  B = {res.get('inputs', {}).get('b')}"]
     parts.append(_text_table(["metric", "value"], [[k, fmt(v)] for k, v in res["summary"].items()]))
@@ -152,12 +152,7 @@ def text(res: dict, top: int = 15) -> str:
             body = [[ellipsize(n), fmt(m["count_a"]), fmt(m["count_b"]), fmt(m["time_a"]), fmt(m["time_b"]),
                      fmt(m["time_change"])] for n, m in sel]
             parts.append(_text_table(["name", "count A", "count B", "time A", "time B", "change"], body))
-    for w in res.get("warnings") or []:
-        parts.append(f"WARNING: {w}")
-    for n in res.get("notes") or []:
-        parts.append(f"note: {n}")
-    for f, why in (res.get("errors") or {}).items():
-        parts.append(f"error: {f}: {why}")
+    parts.extend(trailer_lines(res))
     return "\n".join(parts)
 
 

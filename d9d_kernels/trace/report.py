@@ -140,6 +140,13 @@ def _text_table(header: list[str], body: list[list[str]]) -> str:
     return "\n".join([line(header), line(["-" * w for w in widths])] + [line(r) for r in body])
 
 
+def trailer_lines(res: dict) -> list[str]:
+    """The warning, note and error lines that close a result's text section."""
+    return ([f"WARNING: {w}" for w in res.get("warnings") or []]
+            + [f"note: {n}" for n in res.get("notes") or []]
+            + [f"error: {f}: {why}" for f, why in (res.get("errors") or {}).items()])
+
+
 def text_report(results: dict[str, dict]) -> str:
     """All tool results as plain-text tables (what the CLI prints)."""
     parts = []
@@ -151,12 +158,7 @@ def text_report(results: dict[str, dict]) -> str:
         if srows:
             parts.append("summary:")
             parts.append(_text_table(["metric", "value"], srows))
-        for w in res.get("warnings") or []:
-            parts.append(f"WARNING: {w}")
-        for n in res.get("notes") or []:
-            parts.append(f"note: {n}")
-        for f, why in (res.get("errors") or {}).items():
-            parts.append(f"error: {f}: {why}")
+        parts.extend(trailer_lines(res))
         parts.append("")
     return "\n".join(parts)
 
