@@ -3,8 +3,6 @@ and HolisticTraceAnalysis's get_queue_length_summary on the shared traces."""
 
 from __future__ import annotations
 
-import logging
-import shutil
 
 import pytest
 
@@ -36,15 +34,9 @@ def test_series_capped(tmp_path):
     assert q["max"]["value"] == 50  # statistics use every point
 
 
-hta_ta = pytest.importorskip("hta.trace_analysis")
-
-
 @pytest.mark.parametrize("sub", ["hta_sampled_2rank", "nccl_rank0_of2", "amd_mi250"])
-def test_matches_hta(tmp_path, data_dir, sub):
-    logging.getLogger("hta").setLevel(logging.ERROR)
-    for f in (data_dir / "traces" / sub).iterdir():
-        shutil.copy(f, tmp_path / f.name)
-    ta = hta_ta.TraceAnalysis(trace_dir=str(tmp_path))
+def test_matches_hta(hta_on, sub):
+    ta, tmp_path = hta_on(sub)
     ref = ta.get_queue_length_summary(ranks=list(ta.t.traces))
     ours = counters.metric_cal(tmp_path)["ranks"]
     assert len(ref) >= 1

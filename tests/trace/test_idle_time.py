@@ -3,8 +3,6 @@ get_idle_time_breakdown on the shared traces."""
 
 from __future__ import annotations
 
-import logging
-import shutil
 
 import pytest
 
@@ -42,15 +40,9 @@ def test_threshold_and_missing_launch(tmp_path):
     assert (r50["kernel_wait"]["value"], r50["other"]["value"]) == (40, 140)
 
 
-hta_ta = pytest.importorskip("hta.trace_analysis")
-
-
 @pytest.mark.parametrize("sub", ["hta_sampled_2rank", "nccl_rank0_of2", "amd_mi250"])
-def test_matches_hta(tmp_path, data_dir, sub):
-    logging.getLogger("hta").setLevel(logging.ERROR)
-    for f in (data_dir / "traces" / sub).iterdir():
-        shutil.copy(f, tmp_path / f.name)
-    ta = hta_ta.TraceAnalysis(trace_dir=str(tmp_path))
+def test_matches_hta(hta_on, sub):
+    ta, tmp_path = hta_on(sub)
     ref, _ = ta.get_idle_time_breakdown(ranks=list(ta.t.traces), visualize=False)
     ours = idle_time.metric_cal(tmp_path)["ranks"]
     n = 0

@@ -3,8 +3,6 @@ get_cuda_kernel_launch_stats on the shared traces."""
 
 from __future__ import annotations
 
-import logging
-import shutil
 
 import numpy as np
 import pytest
@@ -54,15 +52,9 @@ def test_cutoffs(trace):
     assert r["launch_delay_outliers"]["value"] == 2
 
 
-hta_ta = pytest.importorskip("hta.trace_analysis")
-
-
 @pytest.mark.parametrize("sub", ["hta_sampled_2rank", "nccl_rank0_of2", "amd_mi250"])
-def test_matches_hta(tmp_path, data_dir, sub):
-    logging.getLogger("hta").setLevel(logging.ERROR)
-    for f in (data_dir / "traces" / sub).iterdir():
-        shutil.copy(f, tmp_path / f.name)
-    ta = hta_ta.TraceAnalysis(trace_dir=str(tmp_path))
+def test_matches_hta(hta_on, sub):
+    ta, tmp_path = hta_on(sub)
     ref = ta.get_cuda_kernel_launch_stats(ranks=list(ta.t.traces), visualize=False)
     ours = launch.metric_cal(tmp_path, launch_names="hta")["ranks"]
     for rank, df in ref.items():
