@@ -84,6 +84,18 @@ def _write_outputs(args, doc: dict, page) -> int:
     return rc
 
 
+def _steps_ok(steps: str) -> bool:
+    """Whether ``--steps`` parses; says why on stderr when not."""
+    from d9d_kernels.trace._common import parse_steps
+
+    try:
+        parse_steps(steps)
+    except ValueError as exc:
+        _err(f"--steps: {exc}")
+        return False
+    return True
+
+
 def _err(msg: str):
     print(f"error: {_one_line(msg)}", file=sys.stderr)
 
@@ -187,17 +199,13 @@ def _diff_main(argv) -> int:
     p.add_argument("--html", default=None, metavar="F", help="write an HTML report to F")
     args = p.parse_args(argv)
     from d9d_kernels.trace import diff
-    from d9d_kernels.trace._common import parse_steps
     from d9d_kernels.trace._load import TraceError
 
     for path in (args.run_a, args.run_b):
         if not os.path.exists(path):
             _err(f"{path}: no such file or directory")
             return 2
-    try:
-        parse_steps(args.steps)
-    except ValueError as exc:
-        _err(f"--steps: {exc}")
+    if not _steps_ok(args.steps):
         return 2
     try:
         res = _clean(diff.compare(args.run_a, args.run_b, steps=args.steps, allow_mixed=args.allow_mixed))
@@ -245,12 +253,7 @@ def main(argv=None) -> int:
         except TraceError as exc:
             _err(f"{exc.file}: {exc.reason}")
             return 2
-    from d9d_kernels.trace._common import parse_steps
-
-    try:
-        parse_steps(args.steps)
-    except ValueError as exc:
-        _err(f"--steps: {exc}")
+    if not _steps_ok(args.steps):
         return 2
     target = args.paths[0] if len(args.paths) == 1 else list(args.paths)
     progress = sys.stderr.isatty() if args.progress is None else args.progress
@@ -280,6 +283,8 @@ def main(argv=None) -> int:
             warnings = _preparse(target, args.workload_card, progress, args.allow_mixed)[1]
         except Exception:  # the tools will report it themselves, one by one
             pass
+
+    from d9d_kernels.trace._common import parse_steps
 
     spec = parse_steps(args.steps)
     if isinstance(spec, tuple) and not snapshot_only:
