@@ -6,7 +6,7 @@
 
 #include <vector>
 
-#include "binary_checks.h"
+#include "../kernels/binary_checks.h"
 #include "common.h"
 #include "input_kind.h"
 

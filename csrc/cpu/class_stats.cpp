@@ -17,7 +17,7 @@
 #include <ATen/Version.h>
 
 #if defined(__SSE2__)
-#include <immintrin.h>  // before the AVX2 region: lanes.inc includes nothing
+#include <immintrin.h>  // before the AVX2 region (target_region.h)
 #endif
 
 #include <algorithm>
@@ -27,13 +27,17 @@
 #include <type_traits>
 #include <vector>
 
-#include "class_stats_checks.h"
+#include "../kernels/class_stats_checks.h"
+#include "class_stats_cpu.h"
 #include "class_stats_nll.h"
 #include "common.h"
 #include "half_bits.h"
+#include "target_region.h"
 
 namespace d9d {
 namespace {
+
+using namespace class_stats_detail;
 
 // Rows per chunk for index preds: chunks of >= ~100 us at the 3-5 ns/row
 // measured by bench/bench_kernels.py, well above a thread hand-off.
@@ -42,48 +46,6 @@ constexpr int64_t kGrainRows = 1 << 16;
 // row (14 ns at C = 10, 220 ns at C = 1000, bench/bench_kernels.py). An
 // estimate, not swept: the bench machine gains nothing from a 2nd thread.
 constexpr int64_t kGrainNs = 50000;
-
-// Where one chunk accumulates: the state itself (single chunk) or a private slice.
-struct Out {
-  double* stats;
-  double* confmat;  // nullptr without confmat or with cells
-  int64_t* cells;   // several chunks: cells[i] = t * C + argmax of valid row i
-  double* extras;
-  double* bad;
-};
-
-struct Args {
-  int64_t C;
-  bool has_ignore;
-  int64_t ignore_index;
-  const int64_t* top_ks;
-  int K;
-  int kmax;
-  bool nll;
-};
-
-// Counts a valid row with target t whose classes best-first are top[0..kmax)
-// and whose target is at rank rank_t (kmax when not among them).
-template <class I>
-inline void count_row(const Args& a, const Out& o, int64_t i, int64_t t, const I* top, int rank_t) {
-  for (int ki = 0; ki < a.K; ++ki) {
-    const int64_t k = a.top_ks[ki];
-    for (int64_t r = 0; r < k; ++r) o.stats[stats_pred(ki, top[r], a.C)] += 1.0;
-    o.stats[stats_tp(ki, t, a.C)] += rank_t < k ? 1.0 : 0.0;  // no branch: a coin flip at C = 10
-    o.stats[stats_target(ki, t, a.C)] += 1.0;
-  }
-  const int64_t cell = t * a.C + top[0];
-  if (o.confmat != nullptr) o.confmat[cell] += 1.0;
-  if (o.cells != nullptr) o.cells[i] = cell;
-  o.extras[0] += 1.0;
-}
-
-template <class I>
-inline int rank_in(const I* top, int kmax, int64_t t) {
-  int r = 0;
-  while (r < kmax && top[r] != t) ++r;
-  return r;
-}
 
 void rows_indices(const Args& a, const Out& o, const Strided1<int64_t>& pr, const Strided1<int64_t>& tg,
                   const Strided1<bool>& ms, bool has_m, int64_t b, int64_t e) {
@@ -100,62 +62,26 @@ void rows_indices(const Args& a, const Out& o, const Strided1<int64_t>& pr, cons
   }
 }
 
-// Score rows are compared as V: float for float/half/bfloat16 (exact
-// conversion, same order), double for double.
-template <class T>
-struct Cmp {
-  using type = float;
-};
-template <>
-struct Cmp<double> {
-  using type = double;
-};
-
-// Rows up to kSmallC classes take the all-pairs ranking of rows_small; double
-// rows (2 lanes a vector) only up to 24: at C = 32, top-1/5 + confmat,
-// [16384, 32] float64, the scan took 2.06 ms, the ranking 2.89 ms.
-constexpr int kSmallC = 32;
-constexpr int kSmallCDouble = 24;
-// Row scans of longer rows work on blocks of kLanes scores.
-constexpr int kLanes = 16;
-// Rows between two flushes of the int32 counters of rows_small.
-constexpr int64_t kFlushRows = int64_t(1) << 30;
-
-// logsumexp(row) - row[t] in double (max = the argmax score): one exp per
-// score, 8 at a time for float rows (class_stats_nll.cpp).
-template <class V>
-inline double nll_of(const V* x, int64_t C, int64_t argmax, int64_t t) {
-  const double m = static_cast<double>(x[argmax]);
-  if constexpr (std::is_same_v<V, float>) {
-    if (nll_vec_ok()) return m + log(nll_vec_sum_exp(x, C, x[argmax])) - static_cast<double>(x[t]);
-  }
-  double s = 1.0;  // exp(0) of the argmax: one exp fewer per row
-  for (int64_t j = 0; j < argmax; ++j) s += exp(static_cast<double>(x[j]) - m);
-  for (int64_t j = argmax + 1; j < C; ++j) s += exp(static_cast<double>(x[j]) - m);
-  return lse_value(Lse{m, s}) - static_cast<double>(x[t]);
-}
 
 // 16-byte lanes: every x86-64 and arm64 CPU.
 namespace vec16 {
 #define D9D_VEC_BYTES 16
-#include "lanes.inc"
-#include "class_stats_rows.inc"
+#include "lanes-inl.h"
+#include "class_stats_rows-inl.h"
 #undef D9D_VEC_BYTES
 }  // namespace vec16
 
 // 32-byte lanes (AVX2) for rows_small, taken after a runtime check (use_vec32).
-// GCC only: clang ignores `#pragma GCC target`.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#if defined(D9D_HAS_TARGET_REGION)
 #define D9D_VEC32 1
-#pragma GCC push_options
-#pragma GCC target("avx2")
+D9D_TARGET_BEGIN("avx2")
 namespace vec32 {
 #define D9D_VEC_BYTES 32
-#include "lanes.inc"
-#include "class_stats_rows.inc"
+#include "lanes-inl.h"
+#include "class_stats_rows-inl.h"
 #undef D9D_VEC_BYTES
 }  // namespace vec32
-#pragma GCC pop_options
+D9D_TARGET_END
 
 // The CPU has AVX2 and torch may use it too: ATEN_CPU_CAPABILITY=default
 // turns off both (the tests run the 16-byte path that way).

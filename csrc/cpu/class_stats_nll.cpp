@@ -3,7 +3,7 @@
 // builds every file with one flag set for the x86-64 baseline, where the
 // default Vectorized<float> is a plain array with a scalar std::exp. So this
 // one file builds the AVX2 Vectorized (Sleef expf8, F16C/bfloat16 loads)
-// under `#pragma GCC target`, as class_stats.cpp builds its 32-byte lanes,
+// in a D9D_TARGET_BEGIN region (target_region.h), as class_stats.cpp builds its 32-byte lanes,
 // and class_stats.cpp calls it only after the same runtime check. Every
 // header at::vec includes from outside its CPU_CAPABILITY namespace is
 // included first, built for the baseline, so no inline function shared with
@@ -33,11 +33,12 @@
 #include <tuple>
 #include <type_traits>
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#include "target_region.h"
+
+#if defined(D9D_HAS_TARGET_REGION)
 #include <immintrin.h>
 
-#pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c")
+D9D_TARGET_BEGIN("avx2,fma,f16c")
 #pragma GCC diagnostic ignored "-Wunknown-pragmas"  // at::vec's `#pragma unroll`
 #pragma GCC diagnostic ignored "-Wpsabi"  // lambdas of unused bfloat16 operators miss the target
 #define CPU_CAPABILITY AVX2
@@ -77,12 +78,6 @@ inline void load16(const T* x, FVec& a, FVec& b) {
 }
 
 }  // namespace
-
-bool nll_vec_ok() {
-  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                          at::get_cpu_capability() != "DEFAULT";
-  return yes;
-}
 
 template <class T>
 bool nll_vec_max(const T* x, int64_t C, float* max) {
@@ -151,9 +146,21 @@ template double nll_vec_sum_exp<c10::BFloat16>(const c10::BFloat16*, int64_t, fl
 
 }  // namespace d9d
 
-#pragma GCC pop_options
+D9D_TARGET_END
 #undef CPU_CAPABILITY_AVX2
 #undef CPU_CAPABILITY
+
+namespace d9d {
+
+// Built for the baseline (outside the region): it runs before anyone knows
+// the CPU has AVX2.
+bool nll_vec_ok() {
+  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                          at::get_cpu_capability() != "DEFAULT";
+  return yes;
+}
+
+}  // namespace d9d
 
 #else  // no AVX2 build: class_stats.cpp keeps its scalar exp
 

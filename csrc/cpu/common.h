@@ -1,9 +1,12 @@
-// Host-side helpers of the C++ ops: argument checks (shared with the CUDA
-// launchers) and the thread-private chunking used by every CPU kernel.
+// Host-side helpers of the CPU kernels: the thread-private chunking every
+// CPU kernel uses and strided views of its inputs (argument checks:
+// csrc/kernels/checks.h, shared with CUDA).
 #pragma once
 
 #include <ATen/Parallel.h>
 #include <torch/library.h>
+
+#include "../kernels/checks.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -11,48 +14,6 @@
 #include <vector>
 
 namespace d9d {
-
-// "d9d_kernels.<op>: argument '<arg>' <msg...>"; TypeError for dtypes, ValueError else.
-#define D9D_CHECK_TYPE(cond, op, arg, ...) \
-  TORCH_CHECK_TYPE(cond, "d9d_kernels.", op, ": argument '", arg, "' ", __VA_ARGS__)
-#define D9D_CHECK(cond, op, arg, ...) \
-  TORCH_CHECK_VALUE(cond, "d9d_kernels.", op, ": argument '", arg, "' ", __VA_ARGS__)
-
-inline void check_device(const char* op, const char* arg, const at::Tensor& t, const at::Device& dev) {
-  D9D_CHECK(t.device() == dev, op, arg, "must be on ", dev, " (the device of the first input), got ", t.device());
-}
-
-// A state tensor: float64, contiguous, exactly `shape`, on `dev`.
-inline void check_state(const char* op, const char* arg, const at::Tensor& t, at::IntArrayRef shape,
-                        const at::Device& dev) {
-  D9D_CHECK_TYPE(t.scalar_type() == at::kDouble, op, arg, "must be float64 ", shape, ", got ", t.scalar_type());
-  D9D_CHECK(t.sizes() == shape, op, arg, "must be float64 ", shape, ", got shape ", t.sizes());
-  check_device(op, arg, t, dev);
-  D9D_CHECK(t.is_contiguous(), op, arg, "must be contiguous (it is written in place)");
-}
-
-inline void check_floating(const char* op, const char* arg, const at::Tensor& t) {
-  D9D_CHECK_TYPE(at::isFloatingType(t.scalar_type()), op, arg,
-                 "must be float16/bfloat16/float32/float64, got ", t.scalar_type());
-}
-
-inline void check_index(const char* op, const char* arg, const at::Tensor& t) {
-  D9D_CHECK_TYPE(t.scalar_type() == at::kLong, op, arg, "must be int64, got ", t.scalar_type());
-}
-
-inline void check_mask(const char* op, const std::optional<at::Tensor>& mask, at::IntArrayRef shape,
-                       const at::Device& dev) {
-  if (!mask.has_value()) return;
-  D9D_CHECK_TYPE(mask->scalar_type() == at::kBool, op, "mask", "must be bool, got ", mask->scalar_type());
-  D9D_CHECK(mask->sizes() == shape, op, "mask", "must have shape ", shape, ", got ", mask->sizes());
-  check_device(op, "mask", *mask, dev);
-}
-
-inline void check_input_kind(const char* op, int64_t input_kind) {
-  D9D_CHECK(input_kind >= 0 && input_kind <= 2, op, "input_kind",
-            "must be 0 (probs), 1 (logits) or 2 (auto), got ", input_kind);
-}
-
 
 // Bytes of thread-private accumulators we allow per call (all chunks together).
 constexpr int64_t kPrivateBudgetBytes = int64_t(64) << 20;

@@ -17,7 +17,8 @@ bool any_logit_entries(const Strided2<T>& p, const Strided2<int64_t>& t, const S
                        bool has_ignore, int64_t ignore_index, int64_t n, int64_t L, int64_t grain_rows) {
   std::atomic<bool> found{false};
   // Branch-free inner loop over blocks of rows, one early-exit test per block:
-  // 7.8 -> 4.5 ns/entry at N=1e6 (probabilities, where the whole call is read).
+  // with probabilities the whole call is read, so a test per entry would
+  // cost more than the scan itself.
   constexpr int64_t kBlock = 1024;
   for_chunks(n, num_chunks(n, grain_rows), [&](int64_t, int64_t b, int64_t e) {
     for (int64_t i0 = b; i0 < e && !found.load(std::memory_order_relaxed); i0 += kBlock) {

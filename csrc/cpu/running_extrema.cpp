@@ -5,7 +5,7 @@
 #include <ATen/Dispatch.h>
 
 #include "common.h"
-#include "running_extrema_checks.h"
+#include "../kernels/running_extrema_checks.h"
 
 namespace d9d {
 

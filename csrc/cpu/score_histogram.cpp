@@ -8,7 +8,7 @@
 #include <atomic>
 #include <vector>
 
-#include "binary_checks.h"
+#include "../kernels/binary_checks.h"
 #include "common.h"
 #include "input_kind.h"
 
@@ -49,8 +49,8 @@ bool any_logit_rows(const Ctx& c, const Strided2<T>& p, const Strided1<int64_t>&
 }
 
 // Logit rows keep exp(v - max) of each score for the binning pass: one exp
-// per score, not two ([96, 20] logits, 10k bins: 25.7 -> 16 us; the exps
-// were ~2/3 of the time).
+// per score, not two: the exps are most of a logit row's cost
+// (bench/analysis.md).
 template <class T>
 void rows_multiclass(const Ctx& c, const Strided2<T>& p, const Strided1<int64_t>& t, const Strided1<bool>& m,
                      bool logits, double* hist, double* bad, int64_t b, int64_t e) {

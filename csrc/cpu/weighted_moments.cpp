@@ -5,7 +5,7 @@
 #include <ATen/Dispatch.h>
 
 #include "common.h"
-#include "weighted_moments_checks.h"
+#include "../kernels/weighted_moments_checks.h"
 
 namespace d9d {
 namespace {

@@ -5,8 +5,9 @@
 // pred outside [0, 1]") read by the second: no host sync.
 // Specification: d9d_kernels/reference.py::binary_stats.
 #include <ATen/Dispatch.h>
+#include <torch/library.h>
 
-#include "../cpu/binary_checks.h"
+#include "../kernels/binary_checks.h"
 #include "../kernels/binary_stats.h"
 #include "binary_entries.cuh"
 #include "common.cuh"

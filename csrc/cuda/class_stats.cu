@@ -8,8 +8,9 @@
 //    needed; counts go to global memory with atomics (a few per row).
 // Specification: d9d_kernels/reference.py::class_stats.
 #include <ATen/Dispatch.h>
+#include <torch/library.h>
 
-#include "../cpu/class_stats_checks.h"
+#include "../kernels/class_stats_checks.h"
 #include "../kernels/class_stats.h"
 #include "common.cuh"
 
@@ -97,14 +98,13 @@ template <class T>
 __global__ void scores_kernel(Rows r, const T* preds, int64_t row_stride, TopKs top_ks, int K, int kmax,
                               bool nll, Out o) {
   const int lane = threadIdx.x % kWarp;
-  const int64_t warps = int64_t(gridDim.x) * (blockDim.x / kWarp);
   const int64_t C = r.C;
-  for (int64_t i = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / kWarp; i < r.n; i += warps) {
-    const int64_t t = r.target[i * r.st];
-    if (!r.keep(i, t)) continue;
+  const auto target = [&](int64_t i) { return r.target[i * r.st]; };
+  const auto keep = [&](int64_t i, int64_t t) { return r.keep(i, t); };
+  for_kept_warp_rows(r.n, target, keep, [&](int64_t i, int64_t t) {
     if (!class_in_range(t, C)) {
       if (lane == 0) atomicAdd(o.bad, 1.0);
-      continue;
+      return true;
     }
     const T* row = preds + i * row_stride;
     // pass 0: validity (no NaN/+Inf, not all -Inf), online lse, best class
@@ -122,7 +122,7 @@ __global__ void scores_kernel(Rows r, const T* preds, int64_t row_stride, TopKs 
     warp_pick(bs, bj);  // every lane: the row's best (bs = -Inf: all scores masked)
     if (!finite || bs == -INFINITY) {
       if (lane == 0) atomicAdd(o.bad, 1.0);
-      continue;
+      return true;
     }
     if (nll) {
       for (int off = kWarp / 2; off > 0; off /= 2) {
@@ -156,7 +156,8 @@ __global__ void scores_kernel(Rows r, const T* preds, int64_t row_stride, TopKs 
       atomicAdd(o.extras, 1.0);
       if (nll) atomicAdd(o.extras + 1, lse_value(l) - static_cast<double>(row[t]));
     }
-  }
+    return true;
+  });
 }
 
 void class_stats_cuda(const at::Tensor& preds_in, const at::Tensor& target, const std::optional<at::Tensor>& mask,

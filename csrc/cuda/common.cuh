@@ -63,6 +63,19 @@ __device__ inline void atomic_nan_max(double* addr, double v) {
   } while (old != assumed);
 }
 
+// Calls f(i, t) for each row i of [0, n) kept by mask / ignore_index
+// (keep(i, t), t = target(i)): one warp per row, rows grid-strided over the
+// warps of the launch, every lane of the warp in the call. f returns false
+// to end this warp's loop.
+template <class Target, class Keep, class F>
+__device__ inline void for_kept_warp_rows(int64_t n, const Target& target, const Keep& keep, F&& f) {
+  const int64_t warps = int64_t(gridDim.x) * (blockDim.x / kWarp);
+  for (int64_t i = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / kWarp; i < n; i += warps) {
+    const int64_t t = target(i);
+    if (keep(i, t) && !f(i, t)) return;
+  }
+}
+
 // Zero `n` shared doubles, then sync.
 __device__ inline void shared_zero(double* s, int64_t n) {
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) s[i] = 0.0;

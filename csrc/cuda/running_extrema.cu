@@ -4,9 +4,10 @@
 // as a separate flag, then one NaN-propagating double max per block.
 // Specification: d9d_kernels/reference.py::running_extrema.
 #include <ATen/Dispatch.h>
+#include <torch/library.h>
 #include <ATen/OpMathType.h>
 
-#include "../cpu/running_extrema_checks.h"
+#include "../kernels/running_extrema_checks.h"
 #include "../kernels/running_extrema.h"
 #include "common.cuh"
 

@@ -5,8 +5,9 @@
 // INPUT_AUTO raises a device flag in a first kernel (no host sync).
 // Specification: d9d_kernels/reference.py::score_histogram.
 #include <ATen/Dispatch.h>
+#include <torch/library.h>
 
-#include "../cpu/binary_checks.h"
+#include "../kernels/binary_checks.h"
 #include "../kernels/binary_stats.h"
 #include "binary_entries.cuh"
 #include "common.cuh"
@@ -74,17 +75,17 @@ __device__ inline bool row_valid(const Entries<T, TT>& in, int64_t i, int64_t t,
 template <class T, class TT>
 __global__ void __launch_bounds__(kThreads) any_logit_rows_kernel(Entries<T, TT> in, int* flag) {
   const int lane = threadIdx.x % kWarp;
-  const int64_t warps = int64_t(gridDim.x) * (blockDim.x / kWarp);
-  for (int64_t i = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / kWarp; i < in.n; i += warps) {
-    const int64_t t = in.t(i, 0);
-    if (!in.keep(i, 0, t)) continue;
+  const auto target = [&](int64_t i) { return in.t(i, 0); };
+  const auto keep = [&](int64_t i, int64_t t) { return in.keep(i, 0, t); };
+  for_kept_warp_rows(in.n, target, keep, [&](int64_t i, int64_t t) {
     double mx;
     bool outside;
     if (row_valid(in, i, t, lane, mx, outside) && outside) {
       if (lane == 0) *flag = 1;
-      return;
+      return false;
     }
-  }
+    return true;
+  });
 }
 
 // Multiclass: one warp per row (max, sum of exp, then binning).
@@ -97,16 +98,15 @@ __global__ void __launch_bounds__(kThreads) rows_kernel(Entries<T, TT> in, int64
   if (shared_hist) counters_zero(sh, slots);
   const bool logits = logits_of(flag, logits_fixed);
   const int lane = threadIdx.x % kWarp;
-  const int64_t warps = int64_t(gridDim.x) * (blockDim.x / kWarp);
   uint32_t nbad = 0;
-  for (int64_t i = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / kWarp; i < in.n; i += warps) {
-    const int64_t t = in.t(i, 0);
-    if (!in.keep(i, 0, t)) continue;
+  const auto target = [&](int64_t i) { return in.t(i, 0); };
+  const auto keep = [&](int64_t i, int64_t t) { return in.keep(i, 0, t); };
+  for_kept_warp_rows(in.n, target, keep, [&](int64_t i, int64_t t) {
     double mx;
     bool outside;
     if (!row_valid(in, i, t, lane, mx, outside)) {
       nbad += lane == 0;
-      continue;
+      return true;
     }
     double inv = 1.0;
     if (logits) {  // softmax as torch: exp(v - max) * (1 / sum)
@@ -119,7 +119,8 @@ __global__ void __launch_bounds__(kThreads) rows_kernel(Entries<T, TT> in, int64
       const double prob = logits ? exp(v - mx) * inv : v;
       count_bin(sh, hist, shared_hist, hist_slot(j == t, j, bin_of(prob, B), in.L, B));
     }
-  }
+    return true;
+  });
   if (shared_hist) counters_flush(sh, hist, slots);
   add_block_count(nbad, bad);
 }

@@ -4,8 +4,9 @@
 // per slot per block.
 // Specification: d9d_kernels/reference.py::weighted_moments.
 #include <ATen/Dispatch.h>
+#include <torch/library.h>
 
-#include "../cpu/weighted_moments_checks.h"
+#include "../kernels/weighted_moments_checks.h"
 #include "../kernels/weighted_moments.h"
 #include "common.cuh"
 

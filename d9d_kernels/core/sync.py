@@ -54,8 +54,8 @@ def trigger(st: Storage, ctx) -> None:
     st.next_snap = 1 - i
     snapshot = st.snaps[i]
     # Launch first, copy the rest after: every op between the ranks'
-    # arrival and the launch delays all of them (bench_sync, world 2: the
-    # ops before the launch took 40-60 us right after a barrier).
+    # arrival and the launch delays all of them (bench_sync, world 2: ops
+    # right after a barrier run several times slower than in a hot loop).
     handles, fold, done = [], None, ()
     if ctx is not None:
         n_max = st.layout.sizes[MAX]

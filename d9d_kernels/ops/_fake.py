@@ -1,7 +1,7 @@
 """Fake (meta) implementations of the compiled ops, for torch.compile / FakeTensor.
 
 Each op is in place and returns nothing, so its fake only repeats the
-metadata checks of the C++ entry points (``csrc/cpu/*_checks.h``) with
+metadata checks of the C++ entry points (``csrc/kernels/*_checks.h``) with
 ``torch._check`` and returns None. Registered only when ``_C`` defines the ops.
 """
 

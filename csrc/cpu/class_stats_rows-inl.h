@@ -1,9 +1,29 @@
 // The score-row loops of class_stats whose speed rests on the vector width:
 // rows_small (all-pairs ranks, lane = class) and for_rows, which calls it
 // per row (the row body must be compiled for the same target as the loop to
-// be inlined). Included once per width after lanes.inc, in the same
-// namespace (see lanes.inc); uses Args, Out, Cmp, nll_of and the limits of
-// class_stats.cpp.
+// be inlined).
+//
+// Contract of this -inl.h: include it once per width right after
+// lanes-inl.h, in the same namespace and with the same D9D_VEC_BYTES (see
+// lanes-inl.h; no include guard, on purpose). The headers below must
+// already be included outside any target region; they name what it uses
+// (Args, Out, Cmp, count_row, nll_of and the row limits of
+// class_stats_cpu.h; Strided1 of common.h; the half/bfloat16 bit
+// conversions of half_bits.h).
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+#include <vector>
+
+#include "class_stats_cpu.h"
+#include "common.h"
+#include "half_bits.h"
+
+#if !defined(D9D_VEC_BYTES)
+#error "class_stats_rows-inl.h: include lanes-inl.h first, with D9D_VEC_BYTES defined"
+#endif
 
 // Calls f(i, t, row) for each kept row of [b, e) with target t in [0, C),
 // row = its C scores as V; counts the kept rows with another target as bad.

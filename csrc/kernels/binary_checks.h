@@ -3,7 +3,7 @@
 // state unchanged.
 #pragma once
 
-#include "common.h"
+#include "checks.h"
 
 namespace d9d {
 

@@ -1,15 +1,24 @@
 // Vectors of D9D_VEC_BYTES bytes through the GCC/Clang vector extension, for
-// CPU loops that -O3 did not vectorise on its own (class_stats: short
-// fixed-width lane loops were fully unrolled into scalar compares).
+// CPU loops that -O3 does not vectorise on its own (short fixed-width lane
+// loops get fully unrolled into scalar compares instead).
 // 16 bytes is the baseline of x86-64 (SSE2) and arm64 (NEON): no -march flag
 // and no intrinsics; on other targets the compiler lowers the same code to
-// scalar operations. 32 bytes is AVX2, compiled only under
-// `#pragma GCC target("avx2")` and called only after a runtime CPU check.
+// scalar operations. 32 bytes is AVX2, compiled only inside a
+// D9D_TARGET_BEGIN("avx2") region (target_region.h) and called only after a
+// runtime CPU check.
 //
-// Included once per width, inside a namespace of its own (class_stats.cpp:
-// vec16, vec32) and after every system header: it includes nothing, so no
-// std/ATen inline function is compiled for AVX2 (one AVX2 copy of a shared
-// inline function could be the one the linker keeps).
+// Contract of this -inl.h: include it once per width, with D9D_VEC_BYTES
+// defined, inside a namespace of its own (class_stats.cpp: vec16, vec32); no
+// include guard, on purpose. Its headers below must already be included by
+// the includer outside any target region (then these includes are no-ops
+// and no std inline function gets an AVX2 body); they are here so that the
+// file also stands alone.
+
+#include <cstring>
+
+#if !defined(D9D_VEC_BYTES)
+#error "lanes-inl.h: define D9D_VEC_BYTES (16 or 32) before including it"
+#endif
 
 constexpr int kVecBytes = D9D_VEC_BYTES;
 

@@ -2,7 +2,7 @@
 // They run before any write, so a failing call leaves the state unchanged.
 #pragma once
 
-#include "common.h"
+#include "checks.h"
 
 namespace d9d {
 
