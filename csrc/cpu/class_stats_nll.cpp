@@ -35,6 +35,11 @@
 
 #include "target_region.h"
 
+// The score types the NLL pass is built for (both builds below).
+#define D9D_NLL_INSTANTIATE(T)                                 \
+  template bool nll_vec_max<T>(const T*, int64_t, float*); \
+  template double nll_vec_sum_exp<T>(const T*, int64_t, float);
+
 #if defined(D9D_HAS_TARGET_REGION)
 #include <immintrin.h>
 
@@ -137,12 +142,9 @@ double nll_vec_sum_exp(const T* x, int64_t C, float m) {
 
 // Instantiated here, inside the AVX2 region: GCC gives a template the target
 // of its instantiation point.
-template bool nll_vec_max<float>(const float*, int64_t, float*);
-template bool nll_vec_max<c10::Half>(const c10::Half*, int64_t, float*);
-template bool nll_vec_max<c10::BFloat16>(const c10::BFloat16*, int64_t, float*);
-template double nll_vec_sum_exp<float>(const float*, int64_t, float);
-template double nll_vec_sum_exp<c10::Half>(const c10::Half*, int64_t, float);
-template double nll_vec_sum_exp<c10::BFloat16>(const c10::BFloat16*, int64_t, float);
+D9D_NLL_INSTANTIATE(float)
+D9D_NLL_INSTANTIATE(c10::Half)
+D9D_NLL_INSTANTIATE(c10::BFloat16)
 
 }  // namespace d9d
 
@@ -174,12 +176,9 @@ template <class T>
 double nll_vec_sum_exp(const T*, int64_t, float) {
   return 0.0;
 }
-template bool nll_vec_max<float>(const float*, int64_t, float*);
-template bool nll_vec_max<c10::Half>(const c10::Half*, int64_t, float*);
-template bool nll_vec_max<c10::BFloat16>(const c10::BFloat16*, int64_t, float*);
-template double nll_vec_sum_exp<float>(const float*, int64_t, float);
-template double nll_vec_sum_exp<c10::Half>(const c10::Half*, int64_t, float);
-template double nll_vec_sum_exp<c10::BFloat16>(const c10::BFloat16*, int64_t, float);
+D9D_NLL_INSTANTIATE(float)
+D9D_NLL_INSTANTIATE(c10::Half)
+D9D_NLL_INSTANTIATE(c10::BFloat16)
 }  // namespace d9d
 
 #endif
