@@ -17,6 +17,10 @@ Two kernels:
   per-row atomics (per k: target slot, the k predicted slots, the hit).
 
 Cost per tile is O(KMAX * (BLOCK_C + KP)): meant for small k (top-1/5/10).
+``top_ks`` is a constexpr tuple (no per-call device tensor, so no host sync
+and nothing allocated: the launch is graph-capturable); scores compare in
+float32 unless they are float64; the log-sum-exp sums ``exp2`` terms per
+tile in that type and folds them into float64; every atomic is relaxed.
 """
 
 from typing import Optional
@@ -25,7 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
-from d9d_kernels.triton._common import BLOCK, TILE, as_u8, finite, launch, pow2, register
+from d9d_kernels.triton._common import BLOCK, INTERPRETED, MAX_PROGRAMS, TILE, as_u8, finite, launch, pow2, register
 
 
 @triton.jit
@@ -48,22 +52,22 @@ def _index_kernel(p_ptr, t_ptr, m_ptr, stats_ptr, confmat_ptr, extras_ptr, bad_p
     t, keep, t_in = _rows_kept(t_ptr, m_ptr, rows, n, C, ignore, HAS_M, HAS_IGNORE)
     p = tl.load(p_ptr + rows, mask=rows < n, other=0)
     ok = keep & t_in & (p >= 0) & (p < C)
-    tl.atomic_add(bad_ptr, tl.sum((keep & ~ok).to(tl.float64), 0))
-    tl.atomic_add(extras_ptr, tl.sum(ok.to(tl.float64), 0))
-    tl.atomic_add(stats_ptr + t, 1.0, mask=ok & (p == t))
-    tl.atomic_add(stats_ptr + C + p, 1.0, mask=ok)
-    tl.atomic_add(stats_ptr + 2 * C + t, 1.0, mask=ok)
+    tl.atomic_add(bad_ptr, tl.sum((keep & ~ok).to(tl.float64), 0), sem="relaxed")
+    tl.atomic_add(extras_ptr, tl.sum(ok.to(tl.float64), 0), sem="relaxed")
+    tl.atomic_add(stats_ptr + t, 1.0, mask=ok & (p == t), sem="relaxed")
+    tl.atomic_add(stats_ptr + C + p, 1.0, mask=ok, sem="relaxed")
+    tl.atomic_add(stats_ptr + 2 * C + t, 1.0, mask=ok, sem="relaxed")
     if HAS_CONFMAT:
-        tl.atomic_add(confmat_ptr + t * C + p, 1.0, mask=ok)
+        tl.atomic_add(confmat_ptr + t * C + p, 1.0, mask=ok, sem="relaxed")
 
 
 @triton.jit
 def _merge_topk(bv, bi, x, cols, KMAX: tl.constexpr, KP: tl.constexpr, BIG: tl.constexpr):
     """Top-KMAX (value, index) of the carried pairs (bv, bi) and the tile (x, cols), in rank order."""
     kcol = tl.arange(0, KP)[None, :]
-    nv = tl.full(bv.shape, -float("inf"), tl.float64)
+    nv = tl.full(bv.shape, -float("inf"), bv.dtype)
     ni = tl.full(bi.shape, BIG, tl.int64)
-    prev_v = tl.full([bv.shape[0]], float("inf"), tl.float64)
+    prev_v = tl.full([bv.shape[0]], float("inf"), bv.dtype)
     prev_i = tl.full([bv.shape[0]], -1, tl.int64)
     for m in range(KMAX):
         # candidates ranked strictly behind the previous pick
@@ -80,53 +84,85 @@ def _merge_topk(bv, bi, x, cols, KMAX: tl.constexpr, KP: tl.constexpr, BIG: tl.c
 
 
 @triton.jit
-def _scores_kernel(s_ptr, t_ptr, m_ptr, ks_ptr, stats_ptr, confmat_ptr, extras_ptr, bad_ptr, n, C, ignore,
+def _scores_kernel(s_ptr, t_ptr, m_ptr, stats_ptr, confmat_ptr, extras_ptr, bad_ptr, n, C, ignore,
                    HAS_M: tl.constexpr, HAS_IGNORE: tl.constexpr, HAS_CONFMAT: tl.constexpr, NLL: tl.constexpr,
-                   K: tl.constexpr, KMAX: tl.constexpr, KP: tl.constexpr,
+                   KS: tl.constexpr, K: tl.constexpr, KMAX: tl.constexpr, KP: tl.constexpr, CT: tl.constexpr,
                    BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr):
     BIG: tl.constexpr = 2**62
-    rows = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
-    inb = rows < n
-    t, keep, t_in = _rows_kept(t_ptr, m_ptr, rows, n, C, ignore, HAS_M, HAS_IGNORE)
-    bv = tl.full([BLOCK_N, KP], -float("inf"), tl.float64)
-    bi = tl.full([BLOCK_N, KP], BIG, tl.int64)
-    n_bad = tl.zeros([BLOCK_N], tl.int32)
-    mx = tl.full([BLOCK_N], -float("inf"), tl.float64)
-    se = tl.zeros([BLOCK_N], tl.float64)
-    for c0 in range(0, C, BLOCK_C):
-        cols = (c0 + tl.arange(0, BLOCK_C)).to(tl.int64)[None, :]
-        ld = inb[:, None] & (cols < C)
-        x = tl.load(s_ptr + rows[:, None] * C + cols, mask=ld, other=0).to(tl.float64)
-        n_bad += tl.sum((ld & ~(x < float("inf"))).to(tl.int32), 1)  # NaN, +Inf
-        # padding (and a bad row's NaN/+Inf) as -Inf; a real -Inf keeps its lower index
-        x = tl.where(ld & finite(x), x, -float("inf"))
-        cols = tl.where(ld, cols, BIG)
-        bv, bi = _merge_topk(bv, bi, x, cols, KMAX, KP, BIG)
-        if NLL:
-            new_mx = tl.maximum(mx, tl.max(x, 1))
-            safe = tl.where(new_mx == -float("inf"), 0.0, new_mx)
-            se = se * tl.exp(mx - safe) + tl.sum(tl.exp(x - safe[:, None]), 1)
-            mx = new_mx
-    ok = keep & t_in & (n_bad == 0) & (tl.max(bv, 1) > -float("inf"))  # not all -Inf
-    t = tl.where(ok, t, 0)
-    tl.atomic_add(bad_ptr, tl.sum((keep & ~ok).to(tl.float64), 0))
-    tl.atomic_add(extras_ptr, tl.sum(ok.to(tl.float64), 0))
-    if NLL:
-        s_t = tl.load(s_ptr + rows * C + t, mask=ok, other=0).to(tl.float64)
-        tl.atomic_add(extras_ptr + 1, tl.sum(tl.where(ok, mx + tl.log(tl.where(ok, se, 1.0)) - s_t, 0.0), 0))
+    LOG2E: tl.constexpr = 1.4426950408889634
     kcol = tl.arange(0, KP)[None, :]
-    bi = tl.where(ok[:, None] & (kcol < KMAX), bi, 0)
-    for j in range(K):
-        k = tl.load(ks_ptr + j)
-        top = ok[:, None] & (kcol < k)
-        hit = tl.max((top & (bi == t[:, None])).to(tl.int32), 1) > 0
-        base = stats_ptr + j * 3 * C
-        tl.atomic_add(base + t, 1.0, mask=ok & hit)
-        tl.atomic_add(base + C + bi, 1.0, mask=top)
-        tl.atomic_add(base + 2 * C + t, 1.0, mask=ok)
-    if HAS_CONFMAT:
-        argmax = tl.sum(tl.where(kcol == 0, bi, 0), 1)
-        tl.atomic_add(confmat_ptr + t * C + argmax, 1.0, mask=ok)
+    n_kept_bad = tl.zeros([BLOCK_N], tl.int32)
+    n_ok = tl.zeros([BLOCK_N], tl.int32)
+    nll_sum = tl.zeros([BLOCK_N], tl.float64)
+    # A capped grid: each program walks row tiles, so the scalar counters get
+    # one atomic per program, not one per tile.
+    for tile in range(tl.program_id(0), tl.cdiv(n, BLOCK_N), tl.num_programs(0)):
+        rows = tl.arange(0, BLOCK_N).to(tl.int64) + tile * BLOCK_N
+        inb = rows < n
+        t, keep, t_in = _rows_kept(t_ptr, m_ptr, rows, n, C, ignore, HAS_M, HAS_IGNORE)
+        bv = tl.full([BLOCK_N, KP], -float("inf"), CT)
+        bi = tl.full([BLOCK_N, KP], BIG, tl.int64)
+        n_bad = tl.zeros([BLOCK_N], tl.int32)
+        mx = tl.full([BLOCK_N], -float("inf"), CT)
+        se = tl.zeros([BLOCK_N], tl.float64)
+        for c0 in range(0, C, BLOCK_C):
+            cols = (c0 + tl.arange(0, BLOCK_C)).to(tl.int64)[None, :]
+            ld = inb[:, None] & (cols < C)
+            # compares in CT (float32 for <= 32-bit scores: exact, same order)
+            x = tl.load(s_ptr + rows[:, None] * C + cols, mask=ld, other=0).to(CT)
+            n_bad += tl.sum((ld & ~(x < float("inf"))).to(tl.int32), 1)  # NaN, +Inf
+            # padding (and a bad row's NaN/+Inf) as -Inf; a real -Inf keeps its lower index
+            x = tl.where(ld & finite(x), x, -float("inf"))
+            cols = tl.where(ld, cols, BIG)
+            bv, bi = _merge_topk(bv, bi, x, cols, KMAX, KP, BIG)
+            if NLL:  # online log-sum-exp: tile sums of exp2 in CT, folded into float64
+                new_mx = tl.maximum(mx, tl.max(x, 1))
+                safe = tl.where(new_mx == -float("inf"), 0.0, new_mx)
+                tile_se = tl.sum(tl.exp2((x - safe[:, None]) * LOG2E), 1).to(tl.float64)
+                se = se * tl.exp((mx - safe).to(tl.float64)) + tile_se
+                mx = new_mx
+        ok = keep & t_in & (n_bad == 0) & (tl.max(bv, 1) > -float("inf"))  # not all -Inf
+        t = tl.where(ok, t, 0)
+        n_kept_bad += (keep & ~ok).to(tl.int32)
+        n_ok += ok.to(tl.int32)
+        if NLL:
+            s_t = tl.load(s_ptr + rows * C + t, mask=ok, other=0).to(tl.float64)
+            lse = mx.to(tl.float64) + tl.log(tl.where(ok, se, 1.0))
+            nll_sum += tl.where(ok, lse - s_t, 0.0)
+        bi = tl.where(ok[:, None] & (kcol < KMAX), bi, 0)
+        for j in tl.static_range(K):
+            top = ok[:, None] & (kcol < KS[j])
+            hit = tl.max((top & (bi == t[:, None])).to(tl.int32), 1) > 0
+            base = stats_ptr + j * 3 * C
+            tl.atomic_add(base + t, 1.0, mask=ok & hit, sem="relaxed")
+            tl.atomic_add(base + C + bi, 1.0, mask=top, sem="relaxed")
+            tl.atomic_add(base + 2 * C + t, 1.0, mask=ok, sem="relaxed")
+        if HAS_CONFMAT:
+            argmax = tl.sum(tl.where(kcol == 0, bi, 0), 1)
+            tl.atomic_add(confmat_ptr + t * C + argmax, 1.0, mask=ok, sem="relaxed")
+    tl.atomic_add(bad_ptr, tl.sum(n_kept_bad, 0).to(tl.float64), sem="relaxed")
+    tl.atomic_add(extras_ptr, tl.sum(n_ok, 0).to(tl.float64), sem="relaxed")
+    if NLL:
+        tl.atomic_add(extras_ptr + 1, tl.sum(nll_sum, 0), sem="relaxed")
+
+
+# Compiled Triton tunes the warps per program once per (C, dtype); the state
+# pointers are restored after the trial launches, which add into them.
+_scores = _scores_kernel if INTERPRETED else triton.autotune(
+    configs=[triton.Config({}, num_warps=w) for w in (4, 8, 16, 32)],
+    key=["C", "CT", "BLOCK_C"],
+    restore_value=["stats_ptr", "confmat_ptr", "extras_ptr", "bad_ptr"],
+)(_scores_kernel)
+
+
+def scores_tiles(C: int) -> tuple[int, int]:
+    """(BLOCK_N, BLOCK_C) of the scores kernel: a program per row for
+    vocabulary-sized rows (whole-row tiles, as Liger-Kernel's), else several
+    short rows a program."""
+    if not INTERPRETED and C >= 2048:
+        return 1, min(pow2(C), 4 * TILE)
+    block_c = min(pow2(C), max(TILE // 16, 16))
+    return max(TILE // block_c, 1), block_c
 
 
 @register("class_stats_triton", mutates_args=("stats", "confmat", "extras", "bad"))
@@ -159,13 +195,14 @@ def _class_stats_op(
         )
         return
     preds = preds.reshape(n, C).contiguous()
-    ks = torch.tensor(top_ks, dtype=torch.int64, device=preds.device)
     kmax = max(top_ks, default=1)  # no top_ks (nll only): the argmax still finds bad rows
-    block_c = min(pow2(C), max(TILE // 16, 16))
-    block_n = max(TILE // block_c, 1)
-    launch(_scores_kernel)[(triton.cdiv(n, block_n),)](
-        preds, target, m, ks, stats, cm, extras, bad, n, C, ignore,
-        NLL=bool(nll), K=len(top_ks), KMAX=kmax, KP=pow2(kmax), BLOCK_N=block_n, BLOCK_C=block_c, **common,
+    block_n, block_c = scores_tiles(C)
+    ct = tl.float64 if preds.dtype == torch.float64 else tl.float32
+    grid = (min(triton.cdiv(n, block_n), MAX_PROGRAMS * 16),)
+    launch(_scores)[grid](
+        preds, target, m, stats, cm, extras, bad, n, C, ignore,
+        NLL=bool(nll), KS=tuple(top_ks), K=len(top_ks), KMAX=kmax, KP=pow2(kmax), CT=ct,
+        BLOCK_N=block_n, BLOCK_C=block_c, **common,
     )
 
 
