@@ -71,6 +71,29 @@ constexpr int64_t kW = FVec::size();  // 8 floats
 // float sum within a few ulps (a float sum over a whole 128k row would not).
 constexpr int64_t kBlock = 16 * 4 * kW;
 
+// exp(d) for d = score - row max <= 0 (or -Inf, a masked logit), to ~1 ulp:
+// 2^n * exp(r) with n = round(d * log2 e), |r| <= ln 2 / 2 in two-part
+// Cody-Waite, exp(r) by Cephes' expf polynomial. Sleef's expf8 handles the
+// whole float range (overflow, denormal results) at about twice the
+// instructions; here d is never positive and a result below 2^-126 adds
+// nothing to a sum that holds exp(0) = 1, so d is clamped at -87 instead.
+inline FVec exp_nonpos(const FVec& d) {
+  const __m256 x = _mm256_max_ps(d, _mm256_set1_ps(-87.0f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
 // 16 scores at x as two float vectors (float16/bfloat16: exact conversion).
 template <class T>
 inline void load16(const T* x, FVec& a, FVec& b) {
@@ -127,10 +150,10 @@ double nll_vec_sum_exp(const T* x, int64_t C, float m) {
     for (const int64_t stop = std::min(full, j + kBlock); j < stop; j += 32) {
       load16(x + j, a, b);
       load16(x + j + 16, c, d);
-      s0 += (a - vm).exp();  // exp(-inf) = 0: masked logits add nothing
-      s1 += (b - vm).exp();
-      s2 += (c - vm).exp();
-      s3 += (d - vm).exp();
+      s0 += exp_nonpos(a - vm);  // masked logits (-Inf) add < 2^-125 each
+      s1 += exp_nonpos(b - vm);
+      s2 += exp_nonpos(c - vm);
+      s3 += exp_nonpos(d - vm);
     }
     float lanes[kW];
     ((s0 + s1) + (s2 + s3)).store(lanes);
