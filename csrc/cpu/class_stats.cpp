@@ -212,7 +212,7 @@ void rows_sort(const Args& a, const Out& o, const T* preds, int64_t rs, const T*
     }
     std::iota(order.begin(), order.end(), int64_t(0));
     std::partial_sort(order.begin(), order.begin() + a.kmax, order.end(),
-                      [&](int64_t p, int64_t q) { return ranks_ahead(x[p], p, x[q], q); });
+                      [&](int64_t p, int64_t q) { return ranks_ahead(static_cast<double>(x[p]), p, static_cast<double>(x[q]), q); });
     count_row(a, o, i, t, order.data(), rank_in(order.data(), a.kmax, t));
     if (a.nll) o.extras[1] += nll_of(x, C, order[0], t);
   });

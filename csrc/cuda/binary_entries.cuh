@@ -161,17 +161,6 @@ __device__ inline void counters_flush(const uint32_t* s, double* g, int64_t n) {
   }
 }
 
-// Sum of a per-thread count over the block, added once to *g (a float64 state).
-__device__ inline void add_block_count(uint32_t c, double* g) {
-  __shared__ uint32_t total;  // < kMaxPerBlock entries: fits, and a native 32-bit shared atomic
-  if (threadIdx.x == 0) total = 0;
-  __syncthreads();
-  for (int o = kWarp / 2; o > 0; o /= 2) c += __shfl_xor_sync(0xffffffffu, c, o);
-  if (threadIdx.x % kWarp == 0 && c != 0u) atomicAdd(&total, c);
-  __syncthreads();
-  if (threadIdx.x == 0 && total != 0u) atomicAdd(g, static_cast<double>(total));
-}
-
 // Shared bytes for `slots` uint32 counters, or 0 when they do not fit the
 // opt-in limit (the kernel then adds into the global state). Raises the
 // kernel's dynamic shared-memory limit above 48 KiB when needed.

@@ -1,11 +1,14 @@
 // class_stats on CUDA.
 //  * index preds: one thread per row; counts in a per-block shared-memory
 //    histogram (stats [3, C] + confmat [C, C]) when it fits, else global atomics.
-//  * score rows: one warp per row. Pass 0 over the row checks validity,
-//    folds the online log-sum-exp and selects the best class; top-k takes
-//    k - 1 more selection passes ("best class ranked behind the previous
-//    pick", the tie rule of ranks_ahead), so no per-row sort or buffer is
-//    needed; counts go to global memory with atomics (a few per row).
+//  * score rows of float / half / bfloat16 with max(top_ks) <= 32: one pass
+//    (scores_warp_kernel / scores_block_kernel below: 16-byte loads,
+//    per-thread register top-k, exp2f log-sum-exp folded into float64).
+//  * float64 scores and larger k: one warp per row. Pass 0 over the row
+//    checks validity, folds the online log-sum-exp and selects the best
+//    class; top-k takes k - 1 more selection passes ("best class ranked
+//    behind the previous pick", the tie rule of ranks_ahead), so no per-row
+//    sort or buffer is needed; counts go to global memory with atomics.
 // Specification: d9d_kernels/reference.py::class_stats.
 #include <ATen/Dispatch.h>
 #include <torch/library.h>
@@ -160,6 +163,316 @@ __global__ void scores_kernel(Rows r, const T* preds, int64_t row_stride, TopKs 
   });
 }
 
+// ---- score rows in one pass: float / half / bfloat16 scores, max(top_ks) <= 32 ----
+// Each row is read once, with 16-byte loads (a scalar head up to the first
+// 16-byte boundary of the row, a scalar tail). Every thread keeps, in
+// registers, the best KB (score, class) pairs of its share of the row and an
+// online log-sum-exp (exp2f of float differences, summed per vector in float
+// and folded into float64); the row's threads then merge: top-k by kmax
+// rounds of "best head, the winner pops it", the lse by LseF::merge. Scores
+// compare in float (exact for <= 32-bit inputs, same order). Rows of up to
+// kBlockRowC classes take a warp each; longer (vocabulary) rows the whole
+// block. The row counters and the NLL sum go out once per block.
+constexpr int64_t kBlockRowC = 4096;
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr int32_t kNoClass = 0x7fffffff;  // an empty slot: ranks behind every real class
+
+template <int KB>
+struct TopK {
+  float v[KB];
+  int32_t j[KB];
+
+  __device__ void init() {
+#pragma unroll
+    for (int r = 0; r < KB; ++r) {
+      v[r] = -INFINITY;
+      j[r] = kNoClass;
+    }
+  }
+  // NaN never enters (its row is bad anyway); -Inf does, behind every finite score.
+  __device__ void offer(float s, int32_t c) {
+    if (!ranks_ahead(s, c, v[KB - 1], j[KB - 1])) return;
+    v[KB - 1] = s;
+    j[KB - 1] = c;
+#pragma unroll
+    for (int r = KB - 1; r > 0; --r) {
+      if (ranks_ahead(v[r], j[r], v[r - 1], j[r - 1])) {
+        const float tv = v[r];
+        const int32_t tj = j[r];
+        v[r] = v[r - 1];
+        j[r] = j[r - 1];
+        v[r - 1] = tv;
+        j[r - 1] = tj;
+      }
+    }
+  }
+  __device__ void pop() {
+#pragma unroll
+    for (int r = 0; r + 1 < KB; ++r) {
+      v[r] = v[r + 1];
+      j[r] = j[r + 1];
+    }
+    v[KB - 1] = -INFINITY;
+    j[KB - 1] = kNoClass;
+  }
+};
+
+// The best (score, class) over the warp, in every lane.
+__device__ inline void warp_best(float& s, int32_t& j) {
+  for (int o = kWarp / 2; o > 0; o /= 2) {
+    const float s2 = __shfl_xor_sync(0xffffffffu, s, o);
+    const int32_t j2 = __shfl_xor_sync(0xffffffffu, j, o);
+    if (ranks_ahead(s2, j2, s, j)) {
+      s = s2;
+      j = j2;
+    }
+  }
+}
+
+// One thread's share of the online log-sum-exp: max m, sum of exp(x - m) in float64.
+struct LseF {
+  float m = -INFINITY;
+  double s = 0.0;
+  __device__ void add_block(const float* x, int n) {  // n scores, one float sum
+    float vm = -INFINITY;
+    for (int k = 0; k < n; ++k) vm = fmaxf(vm, x[k]);
+    if (!(vm > -INFINITY)) return;  // all masked (or NaN: the row is bad)
+    if (vm > m) {
+      s *= static_cast<double>(exp2f((m - vm) * kLog2e));
+      m = vm;
+    }
+    float f = 0.f;
+    for (int k = 0; k < n; ++k) f += exp2f((x[k] - m) * kLog2e);
+    s += static_cast<double>(f);
+  }
+  // lse_merge in float exponents: no float64 exp in this path, one log per row.
+  __device__ void merge(float m2, double s2) {
+    if (!(m2 > -INFINITY)) return;
+    if (m2 > m) {
+      s = s * static_cast<double>(exp2f((m - m2) * kLog2e)) + s2;
+      m = m2;
+    } else {
+      s += s2 * static_cast<double>(exp2f((m2 - m) * kLog2e));
+    }
+  }
+  __device__ double value() const { return static_cast<double>(m) + log(s); }
+};
+
+// Thread g of G reads its share of `row`: scalar head, 16-byte vectors, scalar tail.
+template <class T, int KB>
+__device__ inline void scan_share(const T* row, int64_t C, int g, int G, bool nll, TopK<KB>& tk, LseF& l,
+                                  bool& finite) {
+  constexpr int V = kVec<T>;
+  const int64_t head = min(C, static_cast<int64_t>(((16u - (reinterpret_cast<uintptr_t>(row) & 15u)) & 15u) / sizeof(T)));
+  const int64_t nv = (C - head) / V, body_end = head + nv * V;
+  auto scalar = [&](int64_t c) {
+    const float x = static_cast<float>(row[c]);
+    finite &= x < INFINITY;
+    tk.offer(x, static_cast<int32_t>(c));
+    if (nll) l.add_block(&x, 1);
+  };
+  for (int64_t c = g; c < head; c += G) scalar(c);
+  for (int64_t q = g; q < nv; q += G) {
+    T p[V];
+    load_vec(row + head + q * V, p);
+    float x[V];
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      x[k] = static_cast<float>(p[k]);
+      finite &= x[k] < INFINITY;
+      tk.offer(x[k], static_cast<int32_t>(head + q * V + k));
+    }
+    if (nll) l.add_block(x, V);
+  }
+  for (int64_t c = body_end + g; c < C; c += G) scalar(c);
+}
+
+__device__ inline LseF warp_lse(LseF a) {
+  for (int o = kWarp / 2; o > 0; o /= 2) a.merge(__shfl_xor_sync(0xffffffffu, a.m, o), __shfl_xor_sync(0xffffffffu, a.s, o));
+  return a;
+}
+
+// Counts one valid row from the lanes < K of the warp that holds its picks.
+struct RowCounts {
+  uint32_t rows = 0, bad = 0;
+  double nll = 0.0;
+};
+
+// One warp per row (C <= kBlockRowC).
+template <class T, int KB>
+__global__ void __launch_bounds__(kThreads) scores_warp_kernel(Rows r, const T* preds, int64_t row_stride,
+                                                               TopKs top_ks, int K, int kmax, bool nll, Out o) {
+  const int lane = threadIdx.x % kWarp;
+  const int64_t C = r.C;
+  RowCounts rc;
+  const auto target = [&](int64_t i) { return r.target[i * r.st]; };
+  const auto keep = [&](int64_t i, int64_t t) { return r.keep(i, t); };
+  for_kept_warp_rows(r.n, target, keep, [&](int64_t i, int64_t t) {
+    if (!class_in_range(t, C)) {
+      rc.bad += lane == 0;
+      return true;
+    }
+    const T* row = preds + i * row_stride;
+    TopK<KB> tk;
+    tk.init();
+    LseF l;
+    bool finite = true;
+    scan_share<T, KB>(row, C, lane, kWarp, nll, tk, l, finite);
+    finite = __all_sync(0xffffffffu, finite);
+    float best = tk.v[0];
+    int32_t bj = tk.j[0];
+    warp_best(best, bj);
+    if (!finite || best == -INFINITY) {
+      rc.bad += lane == 0;
+      return true;
+    }
+    const LseF lse = nll ? warp_lse(l) : LseF{};
+    int rank_t = kmax;
+    for (int rk = 0; rk < kmax; ++rk) {
+      float s = tk.v[0];
+      int32_t j = tk.j[0];
+      warp_best(s, j);
+      if (tk.j[0] == j) tk.pop();
+      if (j == t) rank_t = rk;
+      if (lane < K && rk < top_ks.k[lane]) atomicAdd(o.stats + stats_pred(lane, j, C), 1.0);
+    }
+    if (lane < K) {
+      if (rank_t < top_ks.k[lane]) atomicAdd(o.stats + stats_tp(lane, t, C), 1.0);
+      atomicAdd(o.stats + stats_target(lane, t, C), 1.0);
+    }
+    if (lane == 0) {
+      if (o.confmat) atomicAdd(o.confmat + t * C + bj, 1.0);
+      rc.rows += 1;
+      if (nll) rc.nll += lse.value() - static_cast<double>(row[t]);
+    }
+    return true;
+  });
+  add_block_count(rc.rows, o.extras);
+  add_block_count(rc.bad, o.bad);
+  if (nll) {
+    __shared__ double scratch[kThreads / kWarp];
+    const double total = block_sum(rc.nll, scratch);
+    if (threadIdx.x == 0 && total != 0.0) atomicAdd(o.extras + 1, total);
+  }
+}
+
+// One block per row (C > kBlockRowC): the warps' top-k lists meet in shared memory.
+template <class T, int KB>
+__global__ void __launch_bounds__(kThreads) scores_block_kernel(Rows r, const T* preds, int64_t row_stride,
+                                                                TopKs top_ks, int K, int kmax, bool nll, Out o) {
+  constexpr int kWarps = kThreads / kWarp;
+  __shared__ float wv[kWarps][KB];
+  __shared__ int32_t wj[kWarps][KB];
+  __shared__ float wm[kWarps];
+  __shared__ double ws[kWarps];
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  const int64_t C = r.C;
+  RowCounts rc;
+  for (int64_t i = blockIdx.x; i < r.n; i += gridDim.x) {
+    const int64_t t = r.target[i * r.st];
+    if (!r.keep(i, t)) continue;  // block-uniform
+    if (!class_in_range(t, C)) {
+      rc.bad += threadIdx.x == 0;
+      continue;
+    }
+    const T* row = preds + i * row_stride;
+    TopK<KB> tk;
+    tk.init();
+    LseF l;
+    bool finite = true;
+    scan_share<T, KB>(row, C, threadIdx.x, kThreads, nll, tk, l, finite);
+    // each warp's best kmax, best first, into shared memory
+    for (int rk = 0; rk < kmax; ++rk) {
+      float s = tk.v[0];
+      int32_t j = tk.j[0];
+      warp_best(s, j);
+      if (tk.j[0] == j) tk.pop();
+      if (lane == 0) {
+        wv[warp][rk] = s;
+        wj[warp][rk] = j;
+      }
+    }
+    const LseF wl = nll ? warp_lse(l) : LseF{};
+    if (lane == 0) {
+      wm[warp] = wl.m;
+      ws[warp] = wl.s;
+    }
+    const int ok = __syncthreads_and(finite);
+    if (warp == 0) {
+      int h = 0;  // lane w < kWarps walks warp w's list
+      int rank_t = kmax;
+      int32_t argmax = kNoClass;
+      float best = -INFINITY;
+      for (int rk = 0; rk < kmax; ++rk) {
+        float s = lane < kWarps && h < kmax ? wv[lane][h] : -INFINITY;
+        int32_t j = lane < kWarps && h < kmax ? wj[lane][h] : kNoClass;
+        const int32_t mine = j;
+        warp_best(s, j);
+        if (rk == 0) {
+          argmax = j;
+          best = s;
+          if (!ok || best == -INFINITY) break;  // warp-uniform
+        }
+        if (mine == j) ++h;
+        if (j == t) rank_t = rk;
+        if (lane < K && rk < top_ks.k[lane]) atomicAdd(o.stats + stats_pred(lane, j, C), 1.0);
+      }
+      if (!ok || best == -INFINITY) {
+        rc.bad += lane == 0;
+      } else {
+        if (lane < K) {
+          if (rank_t < top_ks.k[lane]) atomicAdd(o.stats + stats_tp(lane, t, C), 1.0);
+          atomicAdd(o.stats + stats_target(lane, t, C), 1.0);
+        }
+        if (lane == 0) {
+          if (o.confmat) atomicAdd(o.confmat + t * C + argmax, 1.0);
+          rc.rows += 1;
+          if (nll) {
+            LseF a;
+            for (int w = 0; w < kWarps; ++w) a.merge(wm[w], ws[w]);
+            rc.nll += a.value() - static_cast<double>(row[t]);
+          }
+        }
+      }
+    }
+    __syncthreads();  // wv / wj / wm / ws are rewritten by the next row
+  }
+  add_block_count(rc.rows, o.extras);
+  add_block_count(rc.bad, o.bad);
+  if (nll) {
+    __shared__ double scratch[kWarps];
+    const double total = block_sum(rc.nll, scratch);
+    if (threadIdx.x == 0 && total != 0.0) atomicAdd(o.extras + 1, total);
+  }
+}
+
+// KB = the smallest buffer >= kmax of {1, 8, 32}.
+template <class T, int KB>
+void launch_single_pass(const Rows& r, const at::Tensor& preds, const TopKs& ks, int K, int kmax, bool nll,
+                        const Out& o, cudaStream_t stream) {
+  const T* p = preds.data_ptr<T>();
+  if (r.C > kBlockRowC) {
+    auto kernel = scores_block_kernel<T, KB>;
+    kernel<<<one_wave(kernel, r.n * kThreads), kThreads, 0, stream>>>(r, p, preds.stride(0), ks, K, kmax, nll, o);
+  } else {
+    auto kernel = scores_warp_kernel<T, KB>;
+    kernel<<<one_wave(kernel, r.n * kWarp), kThreads, 0, stream>>>(r, p, preds.stride(0), ks, K, kmax, nll, o);
+  }
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+template <class T>
+void single_pass(const Rows& r, const at::Tensor& preds, const TopKs& ks, int K, int kmax, bool nll, const Out& o,
+                 cudaStream_t stream) {
+  if (kmax <= 1) {
+    launch_single_pass<T, 1>(r, preds, ks, K, kmax, nll, o, stream);
+  } else if (kmax <= 8) {
+    launch_single_pass<T, 8>(r, preds, ks, K, kmax, nll, o, stream);
+  } else {
+    launch_single_pass<T, 32>(r, preds, ks, K, kmax, nll, o, stream);
+  }
+}
+
 void class_stats_cuda(const at::Tensor& preds_in, const at::Tensor& target, const std::optional<at::Tensor>& mask,
                       int64_t num_classes, std::optional<int64_t> ignore_index, at::IntArrayRef top_ks, bool nll,
                       const at::Tensor& stats, const std::optional<at::Tensor>& confmat, const at::Tensor& extras,
@@ -189,6 +502,13 @@ void class_stats_cuda(const at::Tensor& preds_in, const at::Tensor& target, cons
   const int kmax = top_ks.empty() ? 1 : static_cast<int>(*std::max_element(top_ks.begin(), top_ks.end()));
   TopKs ks{};
   for (int i = 0; i < K; ++i) ks.k[i] = top_ks[i];
+  if (preds.scalar_type() != at::kDouble && kmax <= kWarp) {
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, preds.scalar_type(), "class_stats_cuda", [&] {
+      if constexpr (!std::is_same_v<scalar_t, double>) single_pass<scalar_t>(r, preds, ks, K, kmax, nll, o, stream);
+    });
+    return;
+  }
+  // float64 scores (compared in double) and max(top_ks) > 32: the selection passes
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, preds.scalar_type(), "class_stats_cuda", [&] {
     scores_kernel<scalar_t><<<blocks_for(n * kWarp), kThreads, 0, stream>>>(
         r, preds.data_ptr<scalar_t>(), preds.stride(0), ks, K, kmax, nll, o);

@@ -76,6 +76,17 @@ __device__ inline void for_kept_warp_rows(int64_t n, const Target& target, const
   }
 }
 
+// Sum of a per-thread count over the block, added once to *g (a float64 state).
+__device__ inline void add_block_count(uint32_t c, double* g) {
+  __shared__ uint32_t total;  // callers bound a block's items below 2^32; a native 32-bit shared atomic
+  if (threadIdx.x == 0) total = 0;
+  __syncthreads();
+  for (int o = kWarp / 2; o > 0; o /= 2) c += __shfl_xor_sync(0xffffffffu, c, o);
+  if (threadIdx.x % kWarp == 0 && c != 0u) atomicAdd(&total, c);
+  __syncthreads();
+  if (threadIdx.x == 0 && total != 0u) atomicAdd(g, static_cast<double>(total));
+}
+
 // Zero `n` shared doubles, then sync.
 __device__ inline void shared_zero(double* s, int64_t n) {
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) s[i] = 0.0;

@@ -22,6 +22,9 @@ D9D_HD inline bool ranks_ahead(double sj, int64_t j, double si, int64_t i) {
   return sj > si || (sj == si && j < i);
 }
 
+// The same rule in float and int32 (the CUDA single-pass rows compare <= 32-bit scores in float).
+D9D_HD inline bool ranks_ahead(float sj, int32_t j, float si, int32_t i) { return sj > si || (sj == si && j < i); }
+
 // Offers (s, j) to a buffer of the `filled` best so far, best first, kept to
 // `kmax` entries. Classes must be offered in increasing j: then an equal
 // score never displaces an earlier class, so `>` is the whole tie rule.

@@ -46,7 +46,12 @@ REGS_PER_SM = 65536
 # Kernel families of this file (substrings of the mangled names) -> expectations.
 ONE_D = ("extrema_kernel", "moments_kernel")
 ENTRIES = ("binary_kernel", "entries_kernel")
-OURS = ONE_D + ENTRIES + ("any_logit_kernel", "any_logit_rows_kernel", "rows_kernel", "set_pivot_kernel")
+# class_stats score rows in one pass (float / half / bfloat16, max(top_ks) <= 32)
+ONE_PASS = ("scores_warp_kernel", "scores_block_kernel")
+OURS = ONE_D + ENTRIES + ONE_PASS + ("any_logit_kernel", "any_logit_rows_kernel", "rows_kernel", "set_pivot_kernel",
+                                     "scores_kernel")
+# log2(e) as a float64 (high word): every float64 exp loads it.
+F64_LOG2E = "0x3ff71547"
 
 
 def _tool(name: str) -> str | None:
@@ -134,12 +139,26 @@ def test_ptx_is_embedded():
         assert re.search(rf"\.entry \S*{fam}", ptx), f"{fam} missing from the PTX"
 
 
-@pytest.mark.parametrize("fam", ONE_D + ENTRIES)
+@pytest.mark.parametrize("fam", ONE_D + ENTRIES + ONE_PASS)
 def test_vector_loads(fam):
     """Every instantiation streams its preds / x with 16-byte loads."""
     funcs = sass()
     for name in family(funcs, fam):
         assert "LDG.E.128" in funcs[name], f"{name}: no LDG.E.128 (16-byte vector load)"
+
+
+def test_class_stats_single_pass_has_no_float64_exp():
+    """The one-pass score rows take exp2f (MUFU.EX2); the float64 path they
+    replace (scores_kernel, kept for float64 scores and k > 32) shows what a
+    float64 exp looks like in SASS, so this check can fail."""
+    funcs = sass()
+    assert any(F64_LOG2E in funcs[n] for n in family(funcs, "scores_kernel")), "float64 exp signature not found"
+    for fam in ONE_PASS:
+        names = family(funcs, fam)
+        assert len(names) == 3 * 3, f"{fam}: expected float/half/bfloat16 x KB 1/8/32, got {len(names)}"
+        for name in names:
+            assert "MUFU.EX2" in funcs[name], f"{name}: no exp2f"
+            assert F64_LOG2E not in funcs[name], f"{name}: a float64 exp in the float path"
 
 
 @pytest.mark.parametrize("fam", OURS)
