@@ -158,6 +158,10 @@ class MetricGroup(_GroupBase):
         member's checks passed."""
         if args:
             inputs = self._name_positional(args, inputs)
+        self._storage.run(self._items(self._collect(inputs)))
+
+    def _collect(self, inputs: dict) -> list:
+        """Every routed member's checks (nothing written): ``[(member, prepared statistic kwargs)]``."""
         targets = self._targets(frozenset(inputs))
         if not targets:
             raise ValueError(f"MetricGroup.update: no member's update takes the inputs {sorted(inputs)}")
@@ -175,11 +179,15 @@ class MetricGroup(_GroupBase):
         finally:
             for m in targets:
                 m.__dict__["_collector"] = None
+        return collected
+
+    @staticmethod
+    def _items(collected: list) -> list:
         items = []
         for m, prepared in collected:
             smap = m._stat_map
             items.extend((smap[name], kw) for name, kw in prepared.items())
-        self._storage.run(items)
+        return items
 
     def forward(self, *args, **inputs) -> dict[str, torch.Tensor]:
         """``g(**inputs)``: updates like ``g.update(**inputs)`` and returns
@@ -189,17 +197,30 @@ class MetricGroup(_GroupBase):
         if args:
             inputs = self._name_positional(args, inputs)
         st = self._storage
+        targets = self._targets(frozenset(inputs))
+        if any(m._forward_on_state for m in targets):
+            # every member's checks first; their updates run on the state after the scratch fold
+            collected = self._collect(inputs)
+            scratch = self._items([(m, p) for m, p in collected if not m._forward_on_state])
+            on_state = self._items([(m, p) for m, p in collected if m._forward_on_state])
+            run = lambda: st.run(scratch)  # noqa: E731
+        else:
+            on_state = []
+            run = lambda: self.update(**inputs)  # noqa: E731 (the planned path)
         st.forward_begin()
         ok = False
         try:
-            self.update(**inputs)
+            run()
             ok = True
         finally:
             views = st.forward_end(fold=ok)
+        if on_state:
+            st.run(on_state)
         keys = self._keys
         out = {}
-        for m in self._targets(frozenset(inputs)):
-            out[keys[m.__dict__["_name"]]] = m._compute_unchecked(m._states(views))
+        for m in targets:
+            key = keys[m.__dict__["_name"]]
+            out[key] = m._batch_value() if m._forward_on_state else m._compute_unchecked(m._states(views))
         return detach_from(out, st)
 
     def compute(self) -> dict[str, torch.Tensor]:

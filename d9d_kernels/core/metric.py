@@ -185,6 +185,12 @@ class Metric(metaclass=_MetricMeta):
         3.535534
     """
 
+    #: The update depends on the state it writes (RunningMean's ring slot), so
+    #: a scratch copy of reset state cannot stand in for it: ``forward`` (and a
+    #: group's forward) runs such an update on the state itself and reads the
+    #: batch's value back with ``_batch_value()``.
+    _forward_on_state = False
+
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
         # every update gets the per-signature plan cache (d9d_kernels/core/plan.py)
@@ -451,6 +457,9 @@ class Metric(metaclass=_MetricMeta):
             >>> m(torch.tensor([1.0, 2.0])).item(), m(torch.tensor([4.0])).item(), m.compute().item()
             (3.0, 4.0, 7.0)
         """
+        if self._forward_on_state:
+            self.update(*args, **kwargs)
+            return self._batch_value()
         st = self._storage
         st.forward_begin()
         ok = False
@@ -460,6 +469,10 @@ class Metric(metaclass=_MetricMeta):
         finally:
             views = st.forward_end(fold=ok)
         return detach_from(self._compute_unchecked(self._states(views)), st)
+
+    def _batch_value(self) -> torch.Tensor:
+        """The last update's own value, read from the state (``_forward_on_state`` metrics)."""
+        raise NotImplementedError(f"{self._label} sets _forward_on_state but has no _batch_value()")
 
     # -- conveniences ---------------------------------------------------------------
     def clone(self) -> "Metric":

@@ -81,12 +81,11 @@ class RunningMean(Metric):
                 f"of shape {ws} does not broadcast with value {vs}")
         super().update(value=value, weight=weight)
 
-    def forward(self, value, weight=1.0):
-        """Adds the batch to the window and returns the batch's own mean
-        (torchmetrics' ``RunningMean`` forward). The ring slot an update
-        writes depends on the state, so the batch value is read back from
-        that slot instead of from a scratch copy of the state."""
-        self.update(value, weight)
+    _forward_on_state = True  # the slot an update writes depends on `seen`
+
+    def _batch_value(self) -> torch.Tensor:
+        """The batch's own mean (torchmetrics' ``RunningMean`` forward), read
+        back from the ring slot the update just wrote."""
         row = self.ring.index_select(0, torch.remainder(self.seen - 1, self.window).to(torch.int64))[0]
         return row[0] / row[1]
 

@@ -121,6 +121,26 @@ def test_running_mean_matches_torchmetrics_each_step():
         assert m.compute().item() == ref.compute().item() == 2.0
 
 
+def test_running_mean_forward_in_a_group_matches_torchmetrics():
+    """A group's forward runs RunningMean's update on the state (its ring slot
+    depends on it) while the other members go through the scratch: batch
+    values and the window mean both equal torchmetrics' at every step."""
+    rng = np.random.default_rng(6)
+    g = dk.MetricGroup({"rm": dk.RunningMean(window=3), "mean": dk.MeanMetric(), "rm2": dk.RunningMean(window=2)})
+    refs = {"rm": torchmetrics.aggregation.RunningMean(window=3), "mean": torchmetrics.MeanMetric(),
+            "rm2": torchmetrics.aggregation.RunningMean(window=2)}
+    for step in range(8):
+        v = torch.tensor(rng.normal(size=int(rng.integers(1, 5))))
+        got = g(value=v)
+        for k, ref in refs.items():
+            np.testing.assert_allclose(got[k].item(), ref(v).item(), rtol=1e-6, err_msg=f"batch {k} {step}")
+        for k, val in g.compute().items():
+            np.testing.assert_allclose(val.item(), refs[k].compute().item(), rtol=1e-6, err_msg=f"{k} {step}")
+    with pytest.raises(ValueError, match="weight"):  # a failing member check writes nothing
+        g(value=torch.ones(3), weight=torch.ones(2))
+    np.testing.assert_allclose(g.compute()["rm"].item(), refs["rm"].compute().item(), rtol=1e-6)
+
+
 def test_running_mean_nan_strategies():
     v = torch.tensor([1.0, float("nan"), 3.0])
     warn = dk.RunningMean(window=2)  # torchmetrics' default "warn": NaN left out
