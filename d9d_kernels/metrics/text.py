@@ -21,11 +21,13 @@ from d9d_kernels.core.statistic import SUM, Slot, statistic
 from d9d_kernels.metrics import _args as A
 from d9d_kernels.metrics.class_stats import ClassStatistic
 from d9d_kernels.metrics.nonfinite import CountsNonfinite
+from d9d_kernels.metrics.vocab_parallel import add_vocab_class_stats, resolve
 
 __all__ = ["Perplexity"]
 
 INPUTS = ("preds", "target", "mask")
 LSE = "lse"
+VOCAB = "vocab"
 
 
 def add_lse_nll(state, preds, target, mask, lse, ignore_index, count_rows: bool) -> None:
@@ -58,6 +60,11 @@ class NLLStatistic(CountsNonfinite):
 
     def update(self, state, **inputs) -> None:
         preds, target, mask = self.unpack(inputs)
+        vocab = inputs.get(VOCAB)
+        if vocab is not None:  # this tp rank's vocabulary shard: partials, one gather, combined
+            add_vocab_class_stats(state, preds, target, mask, vocab, self.ignore_index, nll=True,
+                                  count_nonfinite=self.count_nonfinite)
+            return
         lse = inputs.get(LSE)
         if lse is not None:  # no kernel: the NLL of the given lse, a few [N] ops
             add_lse_nll(state, preds, target, mask, lse, self.ignore_index, count_rows=True)
@@ -113,7 +120,7 @@ class Perplexity(Metric):
         return {"nll": ClassStatistic(self.num_classes, self.ignore_index, (1,), nll=True, count_nonfinite=nonfinite, inputs=INPUTS)}
 
     def update(self, preds: torch.Tensor, target: torch.Tensor, mask: torch.Tensor | None = None,
-               lse: torch.Tensor | None = None) -> None:
+               lse: torch.Tensor | None = None, vocab=None) -> None:
         """Adds a batch of logits and target token ids (device-local, no host sync)."""
         A.check_tensor("Perplexity", "preds", preds)
         A.check_tensor("Perplexity", "target", target)
@@ -122,11 +129,19 @@ class Perplexity(Metric):
         ps, ts = tuple(preds.shape), tuple(target.shape)
         A.check(len(ps) in (2, 3) and ps[:-1] == ts, "Perplexity", "preds",
                 f"must be logits [N, V] or [B, T, V] with target [N] / [B, T], got preds {ps}, target {ts}")
+        A.check(preds.device == target.device, "Perplexity", "target", f"must be on preds' device {preds.device}")
+        A.check_mask("Perplexity", mask, ts)
+        if vocab is not None:
+            A.check(lse is None, "Perplexity", "lse", "cannot be combined with vocab= (the shards' partials give the lse)")
+            split = resolve("Perplexity", vocab, preds, target)
+            if self.num_classes is not None:
+                A.check(split.total == self.num_classes, "Perplexity", "vocab",
+                        f"shards tile a vocabulary of {split.total} but num_classes={self.num_classes}")
+            self._feed({"nll": dict(preds=preds, target=target, mask=mask, vocab=split)})
+            return
         if self.num_classes is not None:
             A.check(ps[-1] == self.num_classes, "Perplexity", "preds",
                     f"has vocabulary size {ps[-1]} in its last dim but num_classes={self.num_classes}")
-        A.check(preds.device == target.device, "Perplexity", "target", f"must be on preds' device {preds.device}")
-        A.check_mask("Perplexity", mask, ts)
         if lse is None:
             self._feed({"nll": dict(preds=preds, target=target, mask=mask)})
             return

@@ -1,0 +1,291 @@
+"""Vocab-parallel (Megatron-style tensor-parallel) logits for the class statistics.
+
+Under tensor parallelism the LM head's logits are split by vocabulary: tp
+rank r holds the columns ``[start_r, start_r + size_r)`` of a vocabulary of
+size V (uneven splits allowed). ``update(..., vocab=dk.VocabShard(start,
+size, tp))`` on ``dk.Perplexity`` and the multiclass classification metrics
+(``dk.Accuracy(task="multiclass", top_k=...)`` and the other ``ClassStatistic``
+members) takes such a shard:
+
+1. each rank reduces its shard to per-row partials with torch ops: row max,
+   ``Σ exp(x - max)`` (float32; float64 for float64 logits), the target's
+   logit when the target falls in the shard (else ``-inf``), and its local
+   top-k values with GLOBAL indices (k = the largest top-k needed; ties broken
+   as ``reference.class_stats``: lower index first);
+2. ONE ``all_gather`` over the tp context of a ``[N, P]`` float64 buffer of
+   these partials per update;
+3. every tp rank combines the gathered partials identically (global max,
+   logsumexp, target logit, merged top-k) and writes the same state as the
+   unsharded update would (valid / ignored / bad counts, NaN / +Inf / all
+   -Inf rows, ``mask`` and ``ignore_index``, tie rules).
+
+The tp ranks so hold replicas of the state: sync the metric over the data
+parallel dims only (``DistributedContext.from_mesh(mesh, dims=("dp",))``),
+as for any replicated input, or the tp ranks are counted tp times.
+
+Metadata (rows, shard bounds, logits width) is checked by a small all-gather
+on the first update of each ``(tp group, rows, start, size, width)``
+signature and cached: every rank gets the same table and raises the same
+``ValueError`` for a split that does not tile ``[0, V)`` or for different row
+counts. Nothing reads tensor data on the host.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+
+from d9d_kernels.distributed import DistributedContext, as_context
+
+__all__ = ["VocabShard", "VocabSplit", "resolve", "vocab_rows", "add_vocab_class_stats"]
+
+#: rows reduced at once: bounds the float32 temporaries of the exp and
+#: tie-break passes to a few MiB whatever N is
+CHUNK_SCORES = 1 << 22
+#: signatures whose metadata check is cached (oldest dropped first; every tp
+#: rank sees the same sequence of signatures, so the caches agree)
+MAX_CACHED = 256
+
+
+@dataclasses.dataclass(frozen=True)
+class VocabShard:
+    """This rank's slice of a vocabulary split over a tensor-parallel group.
+
+    Args:
+        start: the vocabulary id of the logits' column 0 on this rank.
+        size: the number of vocabulary columns held here (``preds.shape[-1]``).
+        tp: the tensor-parallel ranks that together hold the vocabulary: a
+            ``dk.DistributedContext``, a ``ProcessGroup``, a 1-d ``DeviceMesh``
+            (e.g. ``mesh["tp"]``) or None (the world group).
+
+    Example:
+        >>> import torch, d9d_kernels as dk
+        >>> shard = dk.VocabShard(0, 4, dk.DistributedContext.local())  # one rank holds all of V = 4
+        >>> m = dk.Perplexity()
+        >>> m.update(torch.zeros(3, 4), torch.tensor([0, 1, 3]), vocab=shard)
+        >>> round(m.compute().item(), 6)
+        4.0
+    """
+
+    start: int
+    size: int
+    tp: Any = None
+
+    def __post_init__(self):
+        for arg in ("start", "size"):
+            v = getattr(self, arg)
+            if not isinstance(v, int) or isinstance(v, bool):
+                raise TypeError(f"VocabShard: argument '{arg}' must be an int, got {v!r}")
+        if self.start < 0:
+            raise ValueError(f"VocabShard: argument 'start' must be >= 0, got {self.start}")
+        if self.size < 1:
+            raise ValueError(f"VocabShard: argument 'size' must be >= 1, got {self.size}")
+        object.__setattr__(self, "_ctx", as_context(self.tp))
+
+    @property
+    def ctx(self) -> DistributedContext:
+        """The tp context (``as_context(tp)``)."""
+        return self._ctx
+
+
+@dataclasses.dataclass(frozen=True)
+class VocabSplit:
+    """A shard checked against the other tp ranks: the statistics' input.
+
+    ``total`` is V (the sum of the sizes), ``rows`` the tokens per rank."""
+
+    ctx: DistributedContext
+    start: int
+    size: int
+    total: int
+    rows: int
+
+
+_checked: dict[tuple, VocabSplit] = {}
+
+
+def resolve(metric: str, shard, preds: torch.Tensor, target: torch.Tensor) -> VocabSplit:
+    """The checked split of ``shard`` for logits ``preds`` ``[..., size]`` with
+    ``target`` ``[...]``: one small all-gather of each rank's (rows, start,
+    size, width) on the first call of a signature, then cached. Raises
+    ``ValueError`` naming ``metric`` on every tp rank when the shards do not
+    tile ``[0, V)``, a rank's logits width is not its size, or the rank row
+    counts differ."""
+    if not isinstance(shard, VocabShard):
+        raise TypeError(f"{metric}: argument 'vocab' must be a dk.VocabShard, got {type(shard).__name__}")
+    ctx = shard.ctx
+    rows = target.numel()
+    width = preds.shape[-1] if preds.dim() else 0
+    key = (ctx.cache_key, rows, shard.start, shard.size, width)
+    hit = _checked.get(key)
+    if hit is not None and hit.ctx is ctx:
+        return hit
+    mine = torch.tensor([rows, shard.start, shard.size, width], dtype=torch.float64)
+    table = torch.empty(ctx.world_size, 4, dtype=torch.float64)
+    ctx.all_gather_into_tensor(table, mine).wait()
+    total = _check_table(metric, table.tolist(), ctx.ranks if not ctx.is_local else [0])
+    split = VocabSplit(ctx, shard.start, shard.size, total, rows)
+    if len(_checked) >= MAX_CACHED:
+        _checked.pop(next(iter(_checked)))
+    _checked[key] = split
+    return split
+
+
+def _check_table(metric: str, table: list, ranks: list) -> int:
+    """V from every rank's ``(rows, start, size, width)``; the same verdict on every rank."""
+    rows = [int(r[0]) for r in table]
+    if len(set(rows)) > 1:
+        listed = ", ".join(f"rank {g}: {n}" for g, n in zip(ranks, rows))
+        raise ValueError(f"{metric}: argument 'preds' has different row counts on the tp ranks ({listed}); every tp "
+                         "rank must hold the logits of the same tokens")
+    for g, (_, start, size, width) in zip(ranks, table):
+        if int(width) != int(size):
+            raise ValueError(f"{metric}: argument 'vocab' says size={int(size)} on tp rank {g} but its preds hold "
+                             f"{int(width)} vocabulary columns in the last dim")
+    spans = sorted((int(start), int(start) + int(size), g) for g, (_, start, size, _) in zip(ranks, table))
+    end, prev = 0, None
+    for lo, hi, g in spans:
+        if lo != end:
+            what = f"gap [{end}, {lo})" if lo > end else f"overlap [{lo}, {min(end, hi)})"
+            left = f"tp rank {prev[2]} holds [{prev[0]}, {prev[1]})" if prev else "no rank starts at 0"
+            raise ValueError(f"{metric}: argument 'vocab' shards do not tile the vocabulary [0, V): {what}; {left}, "
+                             f"tp rank {g} holds [{lo}, {hi}) (all: "
+                             + ", ".join(f"rank {r}: [{a}, {b})" for a, b, r in spans) + ")")
+        end, prev = hi, (lo, hi, g)
+    return end
+
+
+def _local_partials(x: torch.Tensor, t: torch.Tensor, start: int, kmax: int, sumexp: bool) -> torch.Tensor:
+    """``[n, P]`` float64 partials of one block of rows of a shard ``x`` ``[n, size]``:
+    ``max, target logit, (Σ exp(x - max)), kmax values, kmax global indices``."""
+    n, size = x.shape
+    kk = min(kmax, size)
+    P = 2 + int(sumexp) + 2 * kmax
+    out = torch.empty(n, P, dtype=torch.float64, device=x.device)
+    m = x.amax(1)  # NaN propagates: such rows are bad after the combine
+    out[:, 0] = m
+    tl = t - start
+    here = (tl >= 0) & (tl < size)
+    st = x.gather(1, torch.where(here, tl, 0)[:, None])[:, 0]
+    out[:, 1] = torch.where(here, st.to(torch.float64), float("-inf"))
+    c = 2
+    if sumexp:
+        acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+        ms = torch.where(torch.isfinite(m), m, 0).to(acc)
+        xf = x.to(acc)
+        d = xf.sub_(ms[:, None]) if xf is not x else xf - ms[:, None]
+        out[:, 2] = d.exp_().sum(1)
+        c = 3
+    if kmax:
+        vals = out[:, c : c + kmax]
+        idx = out[:, c + kmax :]
+        if kk == 1:
+            # argmax returns the first maximal index: the lower-index tie rule
+            vals[:, 0] = m
+            idx[:, 0] = x.argmax(1) + start
+        else:
+            v, i = torch.topk(x, kk, dim=1)
+            # topk's choice among values equal to the k-th is unspecified: the
+            # values above the k-th are exact, the rest are the first of the
+            # k-th value's occurrences by index
+            kth = v[:, -1:]
+            above = (v > kth).sum(1, keepdim=True)
+            rev = torch.arange(size, 0, -1, device=x.device, dtype=torch.int32)
+            first_eq = size - torch.topk(torch.where(x == kth, rev, 0), kk, dim=1).values.to(torch.int64)
+            p = torch.arange(kk, device=x.device)[None, :]
+            pick = torch.where(p < above, i, first_eq.gather(1, (p - above).clamp_(min=0)))
+            vals[:, :kk] = v
+            idx[:, :kk] = pick + start
+        if kk < kmax:  # a shard narrower than k: -inf values ranked after every real column
+            vals[:, kk:] = float("-inf")
+            idx[:, kk:] = float(1 << 52)
+    return out
+
+
+class VocabRows:
+    """The combined per-row results of one vocab-parallel update (identical on every tp rank).
+
+    ``row_max`` float64 [N] (NaN/+Inf/-Inf flag bad rows), ``lse`` float64
+    [N] or None, ``target_logit`` float64 [N], ``top`` int64 [N, kmax]
+    global indices in rank order (ties: lower index first)."""
+
+    __slots__ = ("row_max", "lse", "target_logit", "top")
+
+    def __init__(self, row_max, lse, target_logit, top):
+        self.row_max, self.lse, self.target_logit, self.top = row_max, lse, target_logit, top
+
+
+def vocab_rows(x: torch.Tensor, t: torch.Tensor, split: VocabSplit, kmax: int, sumexp: bool) -> VocabRows:
+    """Partials of the shard ``x`` ``[N, size]`` (targets ``t`` ``[N]``), ONE
+    all-gather over the tp context, and their combination."""
+    n = x.shape[0]
+    P = 2 + int(sumexp) + 2 * kmax
+    buf = torch.empty(n, P, dtype=torch.float64, device=x.device)
+    step = max(1, CHUNK_SCORES // max(1, x.shape[1]))
+    for i in range(0, n, step):
+        buf[i : i + step] = _local_partials(x[i : i + step], t[i : i + step], split.start, kmax, sumexp)
+    W = split.ctx.world_size
+    g = torch.empty(W, n, P, dtype=torch.float64, device=x.device)
+    split.ctx.all_gather_into_tensor(g, buf).wait()
+    m_r = g[:, :, 0]
+    M = m_r.amax(0)
+    target_logit = g[:, :, 1].amax(0)  # -inf on every rank but the target's
+    lse = None
+    c = 2
+    if sumexp:
+        Ms = torch.where(torch.isfinite(M), M, 0.0)
+        lse = Ms + torch.log((g[:, :, 2] * torch.exp(m_r - Ms)).sum(0))
+        c = 3
+    top = None
+    if kmax:
+        vals = g[:, :, c : c + kmax].permute(1, 0, 2).reshape(n, W * kmax)
+        idx = g[:, :, c + kmax :].permute(1, 0, 2).reshape(n, W * kmax)
+        # (value desc, index asc): sort by index, then a stable sort by value
+        o = torch.argsort(idx, dim=1, stable=True)
+        vals, idx = vals.gather(1, o), idx.gather(1, o)
+        o = torch.sort(vals, dim=1, descending=True, stable=True).indices[:, :kmax]
+        top = idx.gather(1, o).to(torch.int64)
+    return VocabRows(M, lse, target_logit, top)
+
+
+def add_vocab_class_stats(state: dict, preds: torch.Tensor, target: torch.Tensor, mask, split: VocabSplit,
+                          ignore_index, top_ks=(), nll: bool = False, confmat: bool = False,
+                          count_nonfinite: bool = False) -> None:
+    """``reference.class_stats`` (+ the ``nonfinite`` count) of the unsharded
+    logits, from this rank's shard ``preds`` ``[..., size]``: the same slots
+    (``stats`` [K, 3, V] when ``top_ks``, ``extras``, ``bad``, ``confmat``,
+    ``nonfinite``), written identically on every tp rank."""
+    V = split.total
+    x = preds.reshape(-1, preds.shape[-1])
+    t = target.reshape(-1).to(torch.int64)
+    kmax = max(max(top_ks, default=0), 1 if confmat else 0)
+    r = vocab_rows(x, t, split, kmax, sumexp=nll)
+    keep = torch.ones_like(t, dtype=torch.bool) if mask is None else torch.broadcast_to(mask, target.shape).reshape(-1)
+    if ignore_index is not None:
+        keep = keep & (t != ignore_index)
+    scores_ok = torch.isfinite(r.row_max)  # no NaN / +Inf, not all -Inf
+    ok = keep & (t >= 0) & (t < V) & scores_ok
+    okf = ok.to(torch.float64)
+    state["bad"] += (keep & ~ok).sum(dtype=torch.float64)
+    if count_nonfinite and "nonfinite" in state:
+        state["nonfinite"] += (keep & ~scores_ok).sum(dtype=torch.float64)
+    tgt = torch.where(ok, t, 0)
+    e = state["extras"]
+    e[0] += okf.sum()
+    if nll:
+        e[1] += torch.where(ok, r.lse - r.target_logit, 0.0).sum()
+    if kmax:
+        top = torch.where(ok[:, None], r.top, 0)
+    stats = state.get("stats")
+    if top_ks and stats is not None:
+        n = t.shape[0]
+        for i, k in enumerate(top_ks):
+            tk = top[:, :k]
+            hit = (tk == tgt[:, None]).any(1) & ok
+            stats[i, 0].index_add_(0, tgt, hit.to(torch.float64))
+            stats[i, 1].index_add_(0, tk.reshape(-1), okf[:, None].expand(n, k).reshape(-1))
+            stats[i, 2].index_add_(0, tgt, okf)
+    if confmat and state.get("confmat") is not None:
+        state["confmat"].view(-1).index_add_(0, tgt * V + top[:, 0], okf)
