@@ -41,9 +41,13 @@ from d9d_kernels.distributed import DistributedContext, as_context
 
 __all__ = ["VocabShard", "VocabSplit", "resolve", "vocab_rows", "add_vocab_class_stats"]
 
-#: rows reduced at once: bounds the float32 temporaries of the exp and
-#: tie-break passes to a few MiB whatever N is
-CHUNK_SCORES = 1 << 22
+#: scores reduced at once: bounds the float32 temporary of the exp pass
+#: (1 MiB, cache-resident) whatever N is
+CHUNK_SCORES = 1 << 18
+#: columns per block of the top-k candidate search (bench/bench_lm.py --tp)
+BLOCK = 64
+#: index of padding candidates: ranked after every real column of any vocabulary
+PAST = 1 << 52
 #: signatures whose metadata check is cached (oldest dropped first; every tp
 #: rank sees the same sequence of signatures, so the caches agree)
 MAX_CACHED = 256
@@ -161,10 +165,16 @@ def _local_partials(x: torch.Tensor, t: torch.Tensor, start: int, kmax: int, sum
     """``[n, P]`` float64 partials of one block of rows of a shard ``x`` ``[n, size]``:
     ``max, target logit, (Σ exp(x - max)), kmax values, kmax global indices``."""
     n, size = x.shape
-    kk = min(kmax, size)
+    acc = torch.float64 if x.dtype == torch.float64 else torch.float32  # exact for bf16 / fp16 / fp32 scores
     P = 2 + int(sumexp) + 2 * kmax
     out = torch.empty(n, P, dtype=torch.float64, device=x.device)
-    m = x.amax(1)  # NaN propagates: such rows are bad after the combine
+    # block maxima: one read of the shard gives the row max and the blocks the top-k lie in
+    L = size // BLOCK * BLOCK
+    parts = [x[:, :L].unflatten(1, (L // BLOCK, BLOCK)).amax(2)] if L else []
+    if L < size:
+        parts.append(x[:, L:].amax(1, keepdim=True))
+    bmax = (torch.cat(parts, 1) if len(parts) > 1 else parts[0]).to(acc)
+    m = bmax.amax(1)  # NaN propagates: such rows are bad after the combine
     out[:, 0] = m
     tl = t - start
     here = (tl >= 0) & (tl < size)
@@ -172,36 +182,42 @@ def _local_partials(x: torch.Tensor, t: torch.Tensor, start: int, kmax: int, sum
     out[:, 1] = torch.where(here, st.to(torch.float64), float("-inf"))
     c = 2
     if sumexp:
-        acc = torch.float64 if x.dtype == torch.float64 else torch.float32
-        ms = torch.where(torch.isfinite(m), m, 0).to(acc)
+        ms = torch.where(torch.isfinite(m), m, 0)
         xf = x.to(acc)
         d = xf.sub_(ms[:, None]) if xf is not x else xf - ms[:, None]
         out[:, 2] = d.exp_().sum(1)
         c = 3
     if kmax:
-        vals = out[:, c : c + kmax]
-        idx = out[:, c + kmax :]
-        if kk == 1:
-            # argmax returns the first maximal index: the lower-index tie rule
-            vals[:, 0] = m
-            idx[:, 0] = x.argmax(1) + start
-        else:
-            v, i = torch.topk(x, kk, dim=1)
-            # topk's choice among values equal to the k-th is unspecified: the
-            # values above the k-th are exact, the rest are the first of the
-            # k-th value's occurrences by index
-            kth = v[:, -1:]
-            above = (v > kth).sum(1, keepdim=True)
-            rev = torch.arange(size, 0, -1, device=x.device, dtype=torch.int32)
-            first_eq = size - torch.topk(torch.where(x == kth, rev, 0), kk, dim=1).values.to(torch.int64)
-            p = torch.arange(kk, device=x.device)[None, :]
-            pick = torch.where(p < above, i, first_eq.gather(1, (p - above).clamp_(min=0)))
-            vals[:, :kk] = v
-            idx[:, :kk] = pick + start
-        if kk < kmax:  # a shard narrower than k: -inf values ranked after every real column
-            vals[:, kk:] = float("-inf")
-            idx[:, kk:] = float(1 << 52)
+        _local_topk(x, bmax, kmax, start, out[:, c : c + kmax], out[:, c + kmax :])
     return out
+
+
+def _local_topk(x, bmax, kmax, start, vals, idx) -> None:
+    """The shard's top ``kmax`` by (value desc, index asc) into ``vals`` /
+    ``idx`` (global indices; -inf and a sentinel index past every real column
+    where the shard is narrower than kmax).
+
+    Only the kmax best blocks by (block max desc, block index asc) can hold
+    them: a block ranked after kmax others has, in each of those, an element
+    ranked before any of its own. So the exact ranking sorts ``[n, kmax *
+    BLOCK]`` candidates, not the shard (torch.topk leaves ties unspecified)."""
+    n, size = x.shape
+    kb = min(kmax, bmax.shape[1])
+    blocks = torch.sort(bmax, dim=1, descending=True, stable=True).indices[:, :kb]
+    cand = (blocks[:, :, None] * BLOCK + torch.arange(BLOCK, device=x.device)).reshape(n, kb * BLOCK)
+    real = cand < size  # the last block may be short
+    cv = torch.where(real, x.gather(1, cand.clamp(max=size - 1)).to(bmax.dtype), float("-inf"))
+    cand = torch.where(real, cand, PAST)
+    # (value desc, index asc): sort by index, then a stable sort by value
+    o = torch.sort(cand, dim=1, stable=True).indices
+    cand, cv = cand.gather(1, o), cv.gather(1, o)
+    o = torch.sort(cv, dim=1, descending=True, stable=True).indices
+    kk = min(kmax, size)
+    vals[:, :kk] = cv.gather(1, o[:, :kk])
+    idx[:, :kk] = cand.gather(1, o[:, :kk]) + start
+    if kk < kmax:
+        vals[:, kk:] = float("-inf")
+        idx[:, kk:] = float(PAST)
 
 
 class VocabRows:
