@@ -42,8 +42,8 @@ from d9d_kernels.distributed import DistributedContext, as_context
 __all__ = ["VocabShard", "VocabSplit", "resolve", "vocab_rows", "add_vocab_class_stats"]
 
 #: scores reduced at once: bounds the float32 temporary of the exp pass
-#: (1 MiB, cache-resident) whatever N is
-CHUNK_SCORES = 1 << 18
+#: (4 MiB) whatever N is; fewer, larger chunks pay less per-op overhead (bench/bench_lm.py --tp)
+CHUNK_SCORES = 1 << 20
 #: columns per block of the top-k candidate search (bench/bench_lm.py --tp)
 BLOCK = 64
 #: index of padding candidates: ranked after every real column of any vocabulary
@@ -161,18 +161,29 @@ def _check_table(metric: str, table: list, ranks: list) -> int:
     return end
 
 
-def _local_partials(x: torch.Tensor, t: torch.Tensor, start: int, kmax: int, sumexp: bool) -> torch.Tensor:
+def _local_partials(x: torch.Tensor, t: torch.Tensor, start: int, kmax: int, sumexp: bool,
+                    scratch: torch.Tensor | None = None) -> torch.Tensor:
     """``[n, P]`` float64 partials of one block of rows of a shard ``x`` ``[n, size]``:
-    ``max, target logit, (Σ exp(x - max)), kmax values, kmax global indices``."""
+    ``max, target logit, (Σ exp(x - max)), kmax values, kmax global indices``.
+    ``scratch``: an ``[n, size]`` float32 (float64 for float64 ``x``) buffer
+    for the exp pass, reused across blocks (a fresh one per block costs page
+    faults of the same order as the exp itself)."""
     n, size = x.shape
     acc = torch.float64 if x.dtype == torch.float64 else torch.float32  # exact for bf16 / fp16 / fp32 scores
     P = 2 + int(sumexp) + 2 * kmax
     out = torch.empty(n, P, dtype=torch.float64, device=x.device)
+    if sumexp and scratch is None:
+        scratch = torch.empty(n, size, dtype=acc, device=x.device)
+    xr = x
+    if sumexp and x.dtype != acc:
+        # the exp pass needs the scores in acc: convert once, and reduce that
+        # (amax of float32 is several times faster than of bfloat16)
+        xr = scratch.copy_(x)
     # block maxima: one read of the shard gives the row max and the blocks the top-k lie in
     L = size // BLOCK * BLOCK
-    parts = [x[:, :L].unflatten(1, (L // BLOCK, BLOCK)).amax(2)] if L else []
+    parts = [xr[:, :L].unflatten(1, (L // BLOCK, BLOCK)).amax(2)] if L else []
     if L < size:
-        parts.append(x[:, L:].amax(1, keepdim=True))
+        parts.append(xr[:, L:].amax(1, keepdim=True))
     bmax = (torch.cat(parts, 1) if len(parts) > 1 else parts[0]).to(acc)
     m = bmax.amax(1)  # NaN propagates: such rows are bad after the combine
     out[:, 0] = m
@@ -180,16 +191,34 @@ def _local_partials(x: torch.Tensor, t: torch.Tensor, start: int, kmax: int, sum
     here = (tl >= 0) & (tl < size)
     st = x.gather(1, torch.where(here, tl, 0)[:, None])[:, 0]
     out[:, 1] = torch.where(here, st.to(torch.float64), float("-inf"))
-    c = 2
+    c = 3 if sumexp else 2
+    if kmax:  # before the exp pass, which overwrites scratch
+        _local_topk(xr, bmax, kmax, start, out[:, c : c + kmax], out[:, c + kmax :])
     if sumexp:
         ms = torch.where(torch.isfinite(m), m, 0)
-        xf = x.to(acc)
-        d = xf.sub_(ms[:, None]) if xf is not x else xf - ms[:, None]
-        out[:, 2] = d.exp_().sum(1)
-        c = 3
-    if kmax:
-        _local_topk(x, bmax, kmax, start, out[:, c : c + kmax], out[:, c + kmax :])
+        out[:, 2] = torch.sub(xr, ms[:, None], out=scratch).exp_().sum(1)
     return out
+
+
+def _rank_key(v: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
+    """int64 keys ordered as (float32 ``v`` desc, index ``i`` asc) are: the
+    float's bits made monotone (``-0.0`` first turned into ``+0.0``, equal to
+    it), the index below them. Distinct keys make ``torch.topk`` exact, and it
+    is several times faster than a stable sort of the small candidate rows."""
+    b = (v + 0.0).view(torch.int32).to(torch.int64)
+    b = torch.where(b < 0, b ^ 0x7FFFFFFF, b)
+    return b * (1 << 32) + ((1 << 31) - 1 - i)
+
+
+def _first(v: torch.Tensor, i: torch.Tensor | None, k: int) -> torch.Tensor:
+    """Positions (in each row) of the ``k`` first of ``v`` by (value desc,
+    ``i`` asc; ``i`` None: the position), in that order."""
+    if i is None:
+        i = torch.arange(v.shape[1], device=v.device).expand(v.shape)
+    if v.dtype == torch.float32:
+        return torch.topk(_rank_key(v, i), k, dim=1).indices
+    o = torch.sort(i, dim=1, stable=True).indices  # float64 scores: index order, then a stable sort by value
+    return o.gather(1, torch.sort(v.gather(1, o), dim=1, descending=True, stable=True).indices[:, :k])
 
 
 def _local_topk(x, bmax, kmax, start, vals, idx) -> None:
@@ -199,22 +228,18 @@ def _local_topk(x, bmax, kmax, start, vals, idx) -> None:
 
     Only the kmax best blocks by (block max desc, block index asc) can hold
     them: a block ranked after kmax others has, in each of those, an element
-    ranked before any of its own. So the exact ranking sorts ``[n, kmax *
+    ranked before any of its own. So the exact ranking looks at ``[n, kmax *
     BLOCK]`` candidates, not the shard (torch.topk leaves ties unspecified)."""
     n, size = x.shape
     kb = min(kmax, bmax.shape[1])
-    blocks = torch.sort(bmax, dim=1, descending=True, stable=True).indices[:, :kb]
+    blocks = _first(bmax, None, kb)
     cand = (blocks[:, :, None] * BLOCK + torch.arange(BLOCK, device=x.device)).reshape(n, kb * BLOCK)
-    real = cand < size  # the last block may be short
+    real = cand < size  # the last block may be short: its padding is -inf past every real column
     cv = torch.where(real, x.gather(1, cand.clamp(max=size - 1)).to(bmax.dtype), float("-inf"))
-    cand = torch.where(real, cand, PAST)
-    # (value desc, index asc): sort by index, then a stable sort by value
-    o = torch.sort(cand, dim=1, stable=True).indices
-    cand, cv = cand.gather(1, o), cv.gather(1, o)
-    o = torch.sort(cv, dim=1, descending=True, stable=True).indices
     kk = min(kmax, size)
-    vals[:, :kk] = cv.gather(1, o[:, :kk])
-    idx[:, :kk] = cand.gather(1, o[:, :kk]) + start
+    o = _first(cv, cand, kk)
+    vals[:, :kk] = cv.gather(1, o)
+    idx[:, :kk] = cand.gather(1, o) + start
     if kk < kmax:
         vals[:, kk:] = float("-inf")
         idx[:, kk:] = float(PAST)
@@ -240,8 +265,12 @@ def vocab_rows(x: torch.Tensor, t: torch.Tensor, split: VocabSplit, kmax: int, s
     P = 2 + int(sumexp) + 2 * kmax
     buf = torch.empty(n, P, dtype=torch.float64, device=x.device)
     step = max(1, CHUNK_SCORES // max(1, x.shape[1]))
+    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    scratch = torch.empty(min(step, n), x.shape[1], dtype=acc, device=x.device) if sumexp else None
     for i in range(0, n, step):
-        buf[i : i + step] = _local_partials(x[i : i + step], t[i : i + step], split.start, kmax, sumexp)
+        rows = min(step, n - i)
+        buf[i : i + rows] = _local_partials(x[i : i + rows], t[i : i + rows], split.start, kmax, sumexp,
+                                            None if scratch is None else scratch[:rows])
     W = split.ctx.world_size
     g = torch.empty(W, n, P, dtype=torch.float64, device=x.device)
     split.ctx.all_gather_into_tensor(g, buf).wait()
