@@ -82,6 +82,11 @@ class ClassStatistic(CountsNonfinite):
             out-of-range targets, which ``bad`` lumps together).
         inputs: update keyword names (preds, target, mask).
 
+    Update inputs: ``preds``, ``target``, ``mask`` (names from ``inputs``),
+    optionally ``lse`` (Perplexity's given logsumexp) or ``vocab`` (a
+    ``vocab_parallel.VocabSplit``: preds are one tp rank's vocabulary shard;
+    no kernel call, the shards' combined rows write the same slots).
+
     Slots: ``stats`` [K, 3, C] (tp, predicted, target per k), ``extras`` [2]
     (valid rows, NLL sum), ``bad`` [1], and optionally ``confmat`` [C, C],
     ``nonfinite`` [1]; all SUM.

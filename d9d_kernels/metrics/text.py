@@ -9,6 +9,8 @@ uses the same ``ClassStatistic`` as the classification metrics: in a
 and top-k) on the same inputs and ``ignore_index``, ONE kernel call per
 update serves them all. Without it, Perplexity keeps only ``[2]`` floats of
 state and asks the kernel for the NLL alone (no top-k, no per-class counts).
+``update(..., vocab=dk.VocabShard(...))`` takes tensor-parallel logits split
+by vocabulary (``d9d_kernels.metrics.vocab_parallel``).
 """
 
 from __future__ import annotations
@@ -96,6 +98,12 @@ class Perplexity(Metric):
     target=, lse=)`` feeds the members whose update takes ``lse``; the
     Accuracy members sharing Perplexity(num_classes=V)'s kernel call are
     filled by that same call.
+    ``vocab`` (optional, ``dk.VocabShard(start, size, tp)``): ``preds`` are
+    this tensor-parallel rank's vocabulary columns ``[start, start + size)``
+    (``[..., size]``); the tp ranks combine per-row partials with one
+    all-gather per update and each keeps the unsharded update's state (sync
+    over the dp ranks only; docs/metrics.md, "Vocab-parallel logits").
+    ``num_classes``, when given, is the whole vocabulary.
     With no valid token, ``compute()`` returns 0.0.
 
     Example:
