@@ -114,7 +114,7 @@ class ClassStatistic(CountsNonfinite):
         vocab = inputs.get("vocab")  # a checked VocabSplit: preds are this tp rank's vocabulary shard
         if vocab is not None:
             add_vocab_class_stats(state, preds, target, mask, vocab, self.ignore_index, self.top_ks, nll=self.nll,
-                                  confmat=self.confmat, count_nonfinite=self.count_nonfinite)
+                                  confmat=self.confmat, count_nonfinite=self.count_nonfinite, lse=inputs.get("lse"))
             return
         if preds.is_floating_point() and preds.dim() == target.dim():
             # floating class indices (same shape as target): non-whole values are counted as bad

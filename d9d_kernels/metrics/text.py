@@ -65,7 +65,7 @@ class NLLStatistic(CountsNonfinite):
         vocab = inputs.get(VOCAB)
         if vocab is not None:  # this tp rank's vocabulary shard: partials, one gather, combined
             add_vocab_class_stats(state, preds, target, mask, vocab, self.ignore_index, nll=True,
-                                  count_nonfinite=self.count_nonfinite)
+                                  count_nonfinite=self.count_nonfinite, lse=inputs.get(LSE), rows_by_lse=True)
             return
         lse = inputs.get(LSE)
         if lse is not None:  # no kernel: the NLL of the given lse, a few [N] ops
@@ -89,7 +89,7 @@ class Perplexity(Metric):
         nan_strategy: as the classification metrics (default ``"error"``:
             NaN/Inf logits and out-of-range targets raise at ``compute()``).
 
-    ``update(preds, target, mask=None, lse=None)``: logits ``[N, V]`` /
+    ``update(preds, target, mask=None, lse=None, vocab=None)``: logits ``[N, V]`` /
     ``[B, T, V]`` (any floating dtype; float64 accumulation), targets ``[N]`` /
     ``[B, T]``. ``lse`` (optional, floating, target's shape): each token's
     ``logsumexp`` of its logits, as the training loss computed it; the update
@@ -103,7 +103,9 @@ class Perplexity(Metric):
     (``[..., size]``); the tp ranks combine per-row partials with one
     all-gather per update and each keeps the unsharded update's state (sync
     over the dp ranks only; docs/metrics.md, "Vocab-parallel logits").
-    ``num_classes``, when given, is the whole vocabulary.
+    ``num_classes``, when given, is the whole vocabulary; ``lse``, when
+    given with ``vocab``, is the whole vocabulary's logsumexp (the exp pass
+    is skipped on every shard).
     With no valid token, ``compute()`` returns 0.0.
 
     Example:
@@ -139,13 +141,18 @@ class Perplexity(Metric):
                 f"must be logits [N, V] or [B, T, V] with target [N] / [B, T], got preds {ps}, target {ts}")
         A.check(preds.device == target.device, "Perplexity", "target", f"must be on preds' device {preds.device}")
         A.check_mask("Perplexity", mask, ts)
+        if lse is not None:
+            A.check_tensor("Perplexity", "lse", lse)
+            A.check(lse.is_floating_point(), "Perplexity", "lse", f"must be floating, got {lse.dtype}", TypeError)
+            A.check(tuple(lse.shape) == ts, "Perplexity", "lse", f"must have target's shape {ts}, got {tuple(lse.shape)}")
+            A.check(lse.device == preds.device, "Perplexity", "lse", f"must be on preds' device {preds.device}")
         if vocab is not None:
-            A.check(lse is None, "Perplexity", "lse", "cannot be combined with vocab= (the shards' partials give the lse)")
             split = resolve("Perplexity", vocab, preds, target)
             if self.num_classes is not None:
                 A.check(split.total == self.num_classes, "Perplexity", "vocab",
                         f"shards tile a vocabulary of {split.total} but num_classes={self.num_classes}")
-            self._feed({"nll": dict(preds=preds, target=target, mask=mask, vocab=split)})
+            kw = dict(preds=preds, target=target, mask=mask, vocab=split)
+            self._feed({"nll": kw if lse is None else dict(kw, lse=lse)})
             return
         if self.num_classes is not None:
             A.check(ps[-1] == self.num_classes, "Perplexity", "preds",
@@ -153,10 +160,6 @@ class Perplexity(Metric):
         if lse is None:
             self._feed({"nll": dict(preds=preds, target=target, mask=mask)})
             return
-        A.check_tensor("Perplexity", "lse", lse)
-        A.check(lse.is_floating_point(), "Perplexity", "lse", f"must be floating, got {lse.dtype}", TypeError)
-        A.check(tuple(lse.shape) == ts, "Perplexity", "lse", f"must have target's shape {ts}, got {tuple(lse.shape)}")
-        A.check(lse.device == preds.device, "Perplexity", "lse", f"must be on preds' device {preds.device}")
         self._feed({"nll": dict(preds=preds, target=target, mask=mask, lse=lse)})
 
     def _raise_on_bad(self) -> bool:

@@ -297,21 +297,32 @@ def vocab_rows(x: torch.Tensor, t: torch.Tensor, split: VocabSplit, kmax: int, s
 
 def add_vocab_class_stats(state: dict, preds: torch.Tensor, target: torch.Tensor, mask, split: VocabSplit,
                           ignore_index, top_ks=(), nll: bool = False, confmat: bool = False,
-                          count_nonfinite: bool = False) -> None:
+                          count_nonfinite: bool = False, lse: torch.Tensor | None = None,
+                          rows_by_lse: bool = False) -> None:
     """``reference.class_stats`` (+ the ``nonfinite`` count) of the unsharded
     logits, from this rank's shard ``preds`` ``[..., size]``: the same slots
     (``stats`` [K, 3, V] when ``top_ks``, ``extras``, ``bad``, ``confmat``,
-    ``nonfinite``), written identically on every tp rank."""
+    ``nonfinite``), written identically on every tp rank.
+
+    ``lse`` (target's shape): the whole vocabulary's per-token logsumexp (the
+    loss's); the exp pass is skipped and the NLL is ``lse - s[target]`` over
+    the rows with a finite lse, as ``text.add_lse_nll``; ``rows_by_lse``
+    (Perplexity without ``num_classes``): those rows are also the valid ones
+    (``add_lse_nll(count_rows=True)``), else the scores decide as in the kernel."""
     V = split.total
     x = preds.reshape(-1, preds.shape[-1])
     t = target.reshape(-1).to(torch.int64)
     kmax = max(max(top_ks, default=0), 1 if confmat else 0)
-    r = vocab_rows(x, t, split, kmax, sumexp=nll)
+    r = vocab_rows(x, t, split, kmax, sumexp=nll and lse is None)
     keep = torch.ones_like(t, dtype=torch.bool) if mask is None else torch.broadcast_to(mask, target.shape).reshape(-1)
     if ignore_index is not None:
         keep = keep & (t != ignore_index)
     scores_ok = torch.isfinite(r.row_max)  # no NaN / +Inf, not all -Inf
-    ok = keep & (t >= 0) & (t < V) & scores_ok
+    in_range = keep & (t >= 0) & (t < V)
+    if lse is not None:
+        l = lse.reshape(-1).to(torch.float64)
+        lse_ok = in_range & torch.isfinite(l)
+    ok = lse_ok if lse is not None and rows_by_lse else in_range & scores_ok
     okf = ok.to(torch.float64)
     state["bad"] += (keep & ~ok).sum(dtype=torch.float64)
     if count_nonfinite and "nonfinite" in state:
@@ -319,8 +330,10 @@ def add_vocab_class_stats(state: dict, preds: torch.Tensor, target: torch.Tensor
     tgt = torch.where(ok, t, 0)
     e = state["extras"]
     e[0] += okf.sum()
-    if nll:
+    if nll and lse is None:
         e[1] += torch.where(ok, r.lse - r.target_logit, 0.0).sum()
+    elif nll:
+        e[1] += torch.where(lse_ok, l - r.target_logit, 0.0).sum()
     if kmax:
         top = torch.where(ok[:, None], r.top, 0)
     stats = state.get("stats")

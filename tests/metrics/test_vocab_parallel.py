@@ -3,8 +3,8 @@ real gloo ranks, the vocabulary split unevenly (and out of rank order): the
 state every tp rank writes equals the unsharded single-process update's
 (counts exactly, NLL sums to float64 rounding), perplexity within 1e-6 of
 float64 ``F.cross_entropy``; ties, -inf masked columns, ignore_index, mask,
-bad rows; dp x tp synced over dp only; bad splits raise ValueError on every
-rank."""
+bad rows, ``lse=`` given; dp x tp synced over dp only; bad splits raise
+ValueError on every rank."""
 
 from __future__ import annotations
 
@@ -62,6 +62,12 @@ def _metrics(V=V):
         "ppl_alone": dk.Perplexity(ignore_index=IGNORE),
         "top2_nf": dk.Accuracy(task="multiclass", num_classes=V, top_k=2, ignore_index=IGNORE, **nf),
         "ppl_nf": dk.Perplexity(ignore_index=IGNORE, **nf),
+        # given the loss's logsumexp: no exp pass
+        "lse_group": dk.MetricGroup({
+            "ppl": dk.Perplexity(ignore_index=IGNORE, num_classes=V),
+            "top5": dk.Accuracy(task="multiclass", num_classes=V, top_k=5, ignore_index=IGNORE),
+        }),
+        "ppl_lse_nf": dk.Perplexity(ignore_index=IGNORE, **nf),
     }
 
 
@@ -72,6 +78,9 @@ def _feed(ms, x, t, mask, shard=None, lo=0, hi=None):
     ms["ppl_alone"].update(p.reshape(1, N, -1), t.reshape(1, N), **kw)  # [B, T, V] logits
     ms["top2_nf"].update(p, t, mask, **kw)
     ms["ppl_nf"].update(p, t, mask, **kw)
+    lse = torch.logsumexp(x.float(), dim=-1)  # the whole vocabulary's, as a vocab-parallel loss computes it
+    ms["lse_group"].update(preds=p, target=t, mask=mask, lse=lse, **kw)
+    ms["ppl_lse_nf"].update(p, t, mask, lse=lse, **kw)
 
 
 def _states(ms):
@@ -230,8 +239,8 @@ def test_local_shard_and_argument_errors():
         dk.VocabShard(1.0, 3)
     with pytest.raises(ValueError, match="Perplexity: argument 'vocab' shards tile a vocabulary of 37 but num_classes=40"):
         dk.Perplexity(num_classes=40).update(x, t, vocab=local)
-    with pytest.raises(ValueError, match="Perplexity: argument 'lse' cannot be combined"):
-        dk.Perplexity().update(x, t, lse=torch.zeros(N), vocab=local)
+    with pytest.raises(ValueError, match="Perplexity: argument 'lse' must have target's shape"):
+        dk.Perplexity().update(x, t, lse=torch.zeros(N + 1), vocab=local)
     with pytest.raises(ValueError, match="Accuracy: argument 'vocab' needs task='multiclass'"):
         dk.Accuracy(task="binary").update(x[:, 0], t.clamp(0, 1), vocab=local)
     with pytest.raises(ValueError, match="Accuracy: argument 'preds' must be this rank's scores"):
