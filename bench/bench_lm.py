@@ -17,6 +17,7 @@ Rounds interleave the providers (same load on each); medians over rounds.
   d9d_unsharded  the d9d group update of the whole [N, V] on rank 0 with T threads
   d9d_tp         the same group given each rank's shard and vocab=dk.VocabShard (the
                  slowest rank of each round): the same total work, plus one all_gather
+  d9d_tp_lse     the same given lse= (the loss's logsumexp): no exp pass on the shards
   (op "... cpu-seconds": CPU time of the unsharded update / summed over the tp ranks)
 Bytes allocated by one update (profiler; an upper bound on its peak extra
 memory) go to bench_lm_memory.json beside the CSV.
@@ -151,7 +152,8 @@ def _tp_rank(rank, tp, N, V, dtype_name, rounds):
                                "acc": dk.Accuracy(task="multiclass", num_classes=V, ignore_index=IGNORE),
                                "top5": dk.Accuracy(task="multiclass", num_classes=V, top_k=5, ignore_index=IGNORE)})
 
-    full, part = group(), group()
+    full, part, part_lse = group(), group(), group()
+    lse = torch.logsumexp(x.float(), dim=-1)  # the loss's (outside the timing)
 
     def unsharded():
         torch.set_num_threads(tp)  # the whole machine for the unsharded update
@@ -163,9 +165,13 @@ def _tp_rank(rank, tp, N, V, dtype_name, rounds):
     def sharded():
         part.update(preds=xs, target=t, vocab=shard)
 
+    def sharded_lse():
+        part_lse.update(preds=xs, target=t, lse=lse, vocab=shard)
+
     # wall times, and CPU seconds (process_time: every thread of the process),
     # which a machine shared with other jobs distorts less
-    times = {"d9d_unsharded": [], "d9d_tp": [], "cpu:d9d_unsharded": [], "cpu:d9d_tp": []}
+    tp_fns = {"d9d_tp": sharded, "d9d_tp_lse": sharded_lse}
+    times = {k: [] for k in ("d9d_unsharded", *tp_fns, "cpu:d9d_unsharded", *(f"cpu:{k}" for k in tp_fns))}
     for r in range(rounds + 1):  # round 0 warms up (plans, the metadata check)
         dist.barrier()
         if rank == 0:
@@ -175,16 +181,17 @@ def _tp_rank(rank, tp, N, V, dtype_name, rounds):
             if r:
                 times["d9d_unsharded"].append(dt)
                 times["cpu:d9d_unsharded"].append(dc)
-        dist.barrier()
-        t0, c0 = time.perf_counter(), time.process_time()
-        sharded()
-        spent = torch.tensor([time.perf_counter() - t0, time.process_time() - c0], dtype=torch.float64)
-        worst, total = spent[:1].clone(), spent[1:].clone()
-        dist.all_reduce(worst, op=dist.ReduceOp.MAX)
-        dist.all_reduce(total, op=dist.ReduceOp.SUM)
-        if r:
-            times["d9d_tp"].append(worst.item())
-            times["cpu:d9d_tp"].append(total.item())
+        for k, fn in tp_fns.items():
+            dist.barrier()
+            t0, c0 = time.perf_counter(), time.process_time()
+            fn()
+            spent = torch.tensor([time.perf_counter() - t0, time.process_time() - c0], dtype=torch.float64)
+            worst, total = spent[:1].clone(), spent[1:].clone()
+            dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+            dist.all_reduce(total, op=dist.ReduceOp.SUM)
+            if r:
+                times[k].append(worst.item())
+                times[f"cpu:{k}"].append(total.item())
     if rank:
         return times, True
     import warnings
@@ -192,7 +199,8 @@ def _tp_rank(rank, tp, N, V, dtype_name, rounds):
     with warnings.catch_warnings():  # rank 0's own values: the unsharded update ran there only
         warnings.simplefilter("ignore")
         want, got = full.compute(), part.compute()
-    return times, all(torch.allclose(got[k], want[k], rtol=1e-6, atol=0) for k in want)
+        got_lse = part_lse.compute()
+    return times, all(torch.allclose(g[k], want[k], rtol=1e-6, atol=0) for g in (got, got_lse) for k in want)
 
 
 def main_tp(a, shapes, rounds) -> int:
@@ -217,7 +225,9 @@ def main_tp(a, shapes, rounds) -> int:
             med = {k: sorted(ts)[len(ts) // 2] for k, ts in times.items()}
             print(f"{shape} {dt}: " + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in med.items())
                   + f" | tp / unsharded: wall {med['d9d_tp'] / med['d9d_unsharded']:.2f}, cpu "
-                  f"{med['cpu:d9d_tp'] / med['cpu:d9d_unsharded']:.2f} (target <= 1.5)"
+                  f"{med['cpu:d9d_tp'] / med['cpu:d9d_unsharded']:.2f} (target <= 1.5); with lse: wall "
+                  f"{med['d9d_tp_lse'] / med['d9d_unsharded']:.2f}, cpu "
+                  f"{med['cpu:d9d_tp_lse'] / med['cpu:d9d_unsharded']:.2f}"
                   + ("" if same else " | RESULTS DIFFER"), flush=True)
             write_csv(out, rows)
     return 0

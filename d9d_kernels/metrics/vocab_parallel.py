@@ -166,19 +166,18 @@ def _local_partials(x: torch.Tensor, t: torch.Tensor, start: int, kmax: int, sum
     """``[n, P]`` float64 partials of one block of rows of a shard ``x`` ``[n, size]``:
     ``max, target logit, (Σ exp(x - max)), kmax values, kmax global indices``.
     ``scratch``: an ``[n, size]`` float32 (float64 for float64 ``x``) buffer
-    for the exp pass, reused across blocks (a fresh one per block costs page
-    faults of the same order as the exp itself)."""
+    for the conversion and the exp pass, reused across blocks (a fresh one per
+    block costs page faults of the same order as the exp itself)."""
     n, size = x.shape
     acc = torch.float64 if x.dtype == torch.float64 else torch.float32  # exact for bf16 / fp16 / fp32 scores
     P = 2 + int(sumexp) + 2 * kmax
     out = torch.empty(n, P, dtype=torch.float64, device=x.device)
-    if sumexp and scratch is None:
+    if scratch is None and (sumexp or x.dtype != acc):
         scratch = torch.empty(n, size, dtype=acc, device=x.device)
-    xr = x
-    if sumexp and x.dtype != acc:
-        # the exp pass needs the scores in acc: convert once, and reduce that
-        # (amax of float32 is several times faster than of bfloat16)
-        xr = scratch.copy_(x)
+    # bf16 / fp16 scores: converted once and reduced in float32 (the copy plus
+    # float32 block maxima cost half the bfloat16 block maxima); the exp pass
+    # needs them in acc anyway
+    xr = x if x.dtype == acc else scratch.copy_(x)
     # block maxima: one read of the shard gives the row max and the blocks the top-k lie in
     L = size // BLOCK * BLOCK
     parts = [xr[:, :L].unflatten(1, (L // BLOCK, BLOCK)).amax(2)] if L else []
@@ -266,7 +265,7 @@ def vocab_rows(x: torch.Tensor, t: torch.Tensor, split: VocabSplit, kmax: int, s
     buf = torch.empty(n, P, dtype=torch.float64, device=x.device)
     step = max(1, CHUNK_SCORES // max(1, x.shape[1]))
     acc = torch.float64 if x.dtype == torch.float64 else torch.float32
-    scratch = torch.empty(min(step, n), x.shape[1], dtype=acc, device=x.device) if sumexp else None
+    scratch = torch.empty(min(step, n), x.shape[1], dtype=acc, device=x.device) if sumexp or x.dtype != acc else None
     for i in range(0, n, step):
         rows = min(step, n - i)
         buf[i : i + rows] = _local_partials(x[i : i + rows], t[i : i + rows], split.start, kmax, sumexp,
