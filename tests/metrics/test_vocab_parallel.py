@@ -286,3 +286,35 @@ def test_docstring_examples_run():
 
     result = doctest.testmod(vocab_parallel, raise_on_error=False)
     assert result.attempted > 0 and result.failed == 0
+
+
+class _Counting(dk.DistributedContext):
+    """The world group, counting the collectives launched through it."""
+
+    calls = 0
+
+    def all_gather_into_tensor(self, output, input):
+        type(self).calls += 1
+        return super().all_gather_into_tensor(output, input)
+
+    def all_reduce(self, tensor, op):
+        type(self).calls += 1
+        return super().all_reduce(tensor, op)
+
+
+def _count_worker(rank, world):
+    lo, hi = SPLITS[world][rank]
+    ctx = _Counting()
+    g = _metrics()["group"]  # Perplexity(num_classes=V) + accuracies + confusion matrix: one merged statistic
+    counts = []
+    for seed in (1, 2, 3):
+        x, t, mask = _batch(seed, torch.float32)
+        before = _Counting.calls
+        g.update(preds=x[:, lo:hi], target=t, mask=mask, vocab=dk.VocabShard(lo, hi - lo, ctx))
+        counts.append(_Counting.calls - before)
+    return counts
+
+
+def test_one_collective_per_update_after_the_first():
+    # the first update also checks the metadata (one small all-gather), cached for the signature
+    assert run_distributed(_count_worker, 2, timeout=120.0) == [[2, 1, 1], [2, 1, 1]]
