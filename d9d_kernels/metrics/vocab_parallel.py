@@ -249,7 +249,7 @@ class VocabRows:
 
     ``row_max`` float64 [N] (NaN/+Inf/-Inf flag bad rows), ``lse`` float64
     [N] or None, ``target_logit`` float64 [N], ``top`` int64 [N, kmax]
-    global indices in rank order (ties: lower index first)."""
+    global indices, best first (ties: lower index first), or None."""
 
     __slots__ = ("row_max", "lse", "target_logit", "top")
 
@@ -309,6 +309,8 @@ def add_vocab_class_stats(state: dict, preds: torch.Tensor, target: torch.Tensor
     (Perplexity without ``num_classes``): those rows are also the valid ones
     (``add_lse_nll(count_rows=True)``), else the scores decide as in the kernel."""
     V = split.total
+    if split.rows == 0:  # every tp rank has no rows (resolve checked): nothing to gather
+        return
     x = preds.reshape(-1, preds.shape[-1])
     t = target.reshape(-1).to(torch.int64)
     kmax = max(max(top_ks, default=0), 1 if confmat else 0)

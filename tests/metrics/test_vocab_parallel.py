@@ -233,6 +233,11 @@ def test_local_shard_and_argument_errors():
     _feed(a, x, t, mask)
     _feed(b, x, t, mask, local)
     _assert_same_state(_states(b), _states(a))
+    empty = (torch.zeros(0, V), torch.zeros(0, dtype=torch.long))
+    for name in ("ppl_alone", "top2_nf"):
+        a[name].update(*empty)
+        b[name].update(*empty, vocab=local)
+    _assert_same_state(_states(b), _states(a))
     with pytest.raises(ValueError, match="argument 'size' must be >= 1"):
         dk.VocabShard(0, 0)
     with pytest.raises(TypeError, match="argument 'start' must be an int"):
@@ -312,9 +317,13 @@ def _count_worker(rank, world):
         before = _Counting.calls
         g.update(preds=x[:, lo:hi], target=t, mask=mask, vocab=dk.VocabShard(lo, hi - lo, ctx))
         counts.append(_Counting.calls - before)
+    before = _Counting.calls  # an empty batch: its new signature's metadata check, no gather
+    g.update(preds=torch.zeros(0, hi - lo), target=torch.zeros(0, dtype=torch.long),
+             vocab=dk.VocabShard(lo, hi - lo, ctx))
+    counts.append(_Counting.calls - before)
     return counts
 
 
 def test_one_collective_per_update_after_the_first():
     # the first update also checks the metadata (one small all-gather), cached for the signature
-    assert run_distributed(_count_worker, 2, timeout=120.0) == [[2, 1, 1], [2, 1, 1]]
+    assert run_distributed(_count_worker, 2, timeout=120.0) == [[2, 1, 1, 1], [2, 1, 1, 1]]
