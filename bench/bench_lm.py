@@ -2,6 +2,7 @@
 over logits [N, V], d9d_kernels vs its peers, interleaved in one run.
 
     python bench/bench_lm.py [--quick | --tiny] [--out bench/results/bench_lm.csv]
+    python bench/bench_lm.py --tp 2 [--quick | --tiny]     # vocab-parallel: bench/results/bench_lm_tp.csv
 
 Providers, each one update of the three metrics on the same logits/targets
 (10 % ignore_index):
@@ -12,6 +13,12 @@ Providers, each one update of the three metrics on the same logits/targets
                (first shape only: ~8 s an update at [2048, 32000] on the 2-core bench machine)
   floor        x.amax(-1): one read of the logits
 Rounds interleave the providers (same load on each); medians over rounds.
+--tp T (gloo, T processes of 1 thread each, the vocabulary split as tp_splits):
+  d9d_unsharded  the d9d group update of the whole [N, V] on rank 0 with T threads
+  d9d_tp         the same group given each rank's shard and vocab=dk.VocabShard (the
+                 slowest rank of each round): the same total work, plus one all_gather
+  d9d_tp_lse     the same given lse= (the loss's logsumexp): no exp pass on the shards
+  (op "... cpu-seconds": CPU time of the unsharded update / summed over the tp ranks)
 Bytes allocated by one update (profiler; an upper bound on its peak extra
 memory) go to bench_lm_memory.json beside the CSV.
 """
@@ -126,6 +133,106 @@ def plot(rows, mem, png: Path):
     plt.close(fig)
 
 
+def tp_splits(V: int, tp: int) -> list[tuple[int, int]]:
+    """Shard bounds as Megatron splits: V // tp columns each, the last rank also the remainder."""
+    cuts = [r * (V // tp) for r in range(tp)] + [V]
+    return list(zip(cuts[:-1], cuts[1:]))
+
+
+def _tp_rank(rank, tp, N, V, dtype_name, rounds):
+    import torch.distributed as dist
+
+    x, t = batch(N, V, getattr(torch, dtype_name))
+    lo, hi = tp_splits(V, tp)[rank]
+    shard = dk.VocabShard(lo, hi - lo, dk.DistributedContext())
+    xs = x[:, lo:hi].contiguous()
+
+    def group():
+        return dk.MetricGroup({"ppl": dk.Perplexity(ignore_index=IGNORE, num_classes=V),
+                               "acc": dk.Accuracy(task="multiclass", num_classes=V, ignore_index=IGNORE),
+                               "top5": dk.Accuracy(task="multiclass", num_classes=V, top_k=5, ignore_index=IGNORE)})
+
+    full, part, part_lse = group(), group(), group()
+    lse = torch.logsumexp(x.float(), dim=-1)  # the loss's (outside the timing)
+
+    def unsharded():
+        torch.set_num_threads(tp)  # the whole machine for the unsharded update
+        try:
+            full.update(preds=x, target=t)
+        finally:
+            torch.set_num_threads(1)
+
+    def sharded():
+        part.update(preds=xs, target=t, vocab=shard)
+
+    def sharded_lse():
+        part_lse.update(preds=xs, target=t, lse=lse, vocab=shard)
+
+    # wall times, and CPU seconds (process_time: every thread of the process),
+    # which a machine shared with other jobs distorts less
+    tp_fns = {"d9d_tp": sharded, "d9d_tp_lse": sharded_lse}
+    times = {k: [] for k in ("d9d_unsharded", *tp_fns, "cpu:d9d_unsharded", *(f"cpu:{k}" for k in tp_fns))}
+    for r in range(rounds + 1):  # round 0 warms up (plans, the metadata check)
+        dist.barrier()
+        if rank == 0:
+            t0, c0 = time.perf_counter(), time.process_time()
+            unsharded()
+            dt, dc = time.perf_counter() - t0, time.process_time() - c0
+            if r:
+                times["d9d_unsharded"].append(dt)
+                times["cpu:d9d_unsharded"].append(dc)
+        for k, fn in tp_fns.items():
+            dist.barrier()
+            t0, c0 = time.perf_counter(), time.process_time()
+            fn()
+            spent = torch.tensor([time.perf_counter() - t0, time.process_time() - c0], dtype=torch.float64)
+            worst, total = spent[:1].clone(), spent[1:].clone()
+            dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+            dist.all_reduce(total, op=dist.ReduceOp.SUM)
+            if r:
+                times[k].append(worst.item())
+                times[f"cpu:{k}"].append(total.item())
+    if rank:
+        return times, True
+    import warnings
+
+    with warnings.catch_warnings():  # rank 0's own values: the unsharded update ran there only
+        warnings.simplefilter("ignore")
+        want, got = full.compute(), part.compute()
+        got_lse = part_lse.compute()
+    return times, all(torch.allclose(g[k], want[k], rtol=1e-6, atol=0) for g in (got, got_lse) for k in want)
+
+
+def main_tp(a, shapes, rounds) -> int:
+    from d9d_kernels.spawn import spawn_gloo
+
+    rows = []
+    out = Path(a.out).with_name("bench_lm_tp.csv") if a.out == str(RESULTS / "bench_lm.csv") else Path(a.out)
+    for N, V in shapes:
+        for dtype in (torch.bfloat16, torch.float32):
+            dt = str(dtype).replace("torch.", "")
+            res = spawn_gloo(_tp_rank, a.tp, N, V, dt, rounds, threads=1, timeout=1800.0, pg_timeout=300.0)
+            bad = {r: v for r, v in res.items() if v[0] != "ok"}
+            if bad:
+                print(f"bench_lm --tp: ranks failed: {bad}", file=sys.stderr)
+                return 1
+            times, same = res[0][1]
+            shape = f"N={N},V={V},tp={a.tp}"
+            for k, ts in times.items():
+                op = OP + " cpu-seconds" if k.startswith("cpu:") else OP
+                rows.append(row("lm", op=op, provider=k.removeprefix("cpu:"), shape=shape, dtype=dt, device="cpu",
+                                stats=stats(ts)))
+            med = {k: sorted(ts)[len(ts) // 2] for k, ts in times.items()}
+            print(f"{shape} {dt}: " + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in med.items())
+                  + f" | tp / unsharded: wall {med['d9d_tp'] / med['d9d_unsharded']:.2f}, cpu "
+                  f"{med['cpu:d9d_tp'] / med['cpu:d9d_unsharded']:.2f} (target <= 1.5); with lse: wall "
+                  f"{med['d9d_tp_lse'] / med['d9d_unsharded']:.2f}, cpu "
+                  f"{med['cpu:d9d_tp_lse'] / med['cpu:d9d_unsharded']:.2f}"
+                  + ("" if same else " | RESULTS DIFFER"), flush=True)
+            write_csv(out, rows)
+    return 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     mode = p.add_mutually_exclusive_group()
@@ -133,9 +240,12 @@ def main(argv=None) -> int:
     mode.add_argument("--tiny", action="store_true")
     p.add_argument("--out", default=str(RESULTS / "bench_lm.csv"))
     p.add_argument("--rounds", type=int, default=None)
+    p.add_argument("--tp", type=int, default=0, help="vocab-parallel mode over this many gloo ranks")
     a = p.parse_args(argv)
     shapes = TINY if a.tiny else QUICK if a.quick else FULL
     rounds = a.rounds or (2 if a.tiny else 5)
+    if a.tp:
+        return main_tp(a, shapes, rounds)
     rows, mem = [], {}
     out = Path(a.out)
     for N, V in shapes:

@@ -17,6 +17,7 @@ _SUBMODULES = ("ops", "reference", "functional", "checkpoint", "distributed", "m
 # public name -> module that defines it
 _NAMES = {
     "DistributedContext": "d9d_kernels.distributed",
+    "VocabShard": "d9d_kernels.metrics.vocab_parallel",
     "Metric": "d9d_kernels.core.metric",
     "MetricGroup": "d9d_kernels.core.group",
     **{n: "d9d_kernels.metrics.aggregation" for n in ("SumMetric", "WeightedMeanMetric", "MeanMetric", "MaxMetric", "MinMetric")},

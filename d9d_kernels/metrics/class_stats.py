@@ -17,6 +17,7 @@ from d9d_kernels import ops
 from d9d_kernels.ops._dispatch import pick
 from d9d_kernels.core.statistic import SUM, Slot, either, param, statistic, union
 from d9d_kernels.metrics.nonfinite import CountsNonfinite, nonfinite_rows
+from d9d_kernels.metrics.vocab_parallel import add_vocab_class_stats
 
 __all__ = ["ClassStatistic", "nonfinite_rows", "score_blocks", "mergeable"]
 
@@ -81,6 +82,11 @@ class ClassStatistic(CountsNonfinite):
             out-of-range targets, which ``bad`` lumps together).
         inputs: update keyword names (preds, target, mask).
 
+    Update inputs: ``preds``, ``target``, ``mask`` (names from ``inputs``),
+    optionally ``lse`` (Perplexity's given logsumexp) or ``vocab`` (a
+    ``vocab_parallel.VocabSplit``: preds are one tp rank's vocabulary shard;
+    no kernel call, the shards' combined rows write the same slots).
+
     Slots: ``stats`` [K, 3, C] (tp, predicted, target per k), ``extras`` [2]
     (valid rows, NLL sum), ``bad`` [1], and optionally ``confmat`` [C, C],
     ``nonfinite`` [1]; all SUM.
@@ -105,6 +111,11 @@ class ClassStatistic(CountsNonfinite):
 
     def update(self, state: dict[str, torch.Tensor], **inputs) -> None:
         preds, target, mask = self.unpack(inputs)
+        vocab = inputs.get("vocab")  # a checked VocabSplit: preds are this tp rank's vocabulary shard
+        if vocab is not None:
+            add_vocab_class_stats(state, preds, target, mask, vocab, self.ignore_index, self.top_ks, nll=self.nll,
+                                  confmat=self.confmat, count_nonfinite=self.count_nonfinite, lse=inputs.get("lse"))
+            return
         if preds.is_floating_point() and preds.dim() == target.dim():
             # floating class indices (same shape as target): non-whole values are counted as bad
             preds = ops.as_index(preds)
@@ -146,6 +157,7 @@ class ClassStatistic(CountsNonfinite):
             and (mask is None or (mask.dtype == torch.bool and mask.shape == n))
             and not self.count_nonfinite
             and "lse" not in sample
+            and "vocab" not in sample
         )
 
     def bind(self, sample: dict):

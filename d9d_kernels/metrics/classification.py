@@ -37,6 +37,7 @@ from d9d_kernels.metrics import _args as A
 from d9d_kernels.metrics.binary_stats import BinaryStatistic
 from d9d_kernels.metrics.class_stats import ClassStatistic
 from d9d_kernels.metrics.samplewise import SamplewiseStatistic
+from d9d_kernels.metrics.vocab_parallel import resolve
 from d9d_kernels.metrics.formulas import classification as F
 
 __all__ = [
@@ -177,13 +178,44 @@ class _Classification(Metric):
         A.check_mask(name, mask, ts)
         return preds, target
 
-    def update(self, preds: torch.Tensor, target: torch.Tensor, mask: torch.Tensor | None = None) -> None:
+    def update(self, preds: torch.Tensor, target: torch.Tensor, mask: torch.Tensor | None = None, vocab=None) -> None:
         """Adds a batch (device-local, no host sync). ``mask`` broadcasts to
-        ``target`` as given (before any class dim is moved)."""
+        ``target`` as given (before any class dim is moved).
+
+        ``vocab``: a ``dk.VocabShard`` when ``preds`` are this tensor-parallel
+        rank's columns ``[start, start + size)`` of the class scores
+        (``[..., size]``, class dim last; task="multiclass",
+        multidim_average="global"): the tp ranks exchange per-row partials
+        (one all-gather per update) and each writes the state of the
+        unsharded scores (``d9d_kernels.metrics.vocab_parallel``)."""
+        if vocab is not None:
+            self._check_vocab(preds, target, mask)
+            name = type(self).__name__
+            split = resolve(name, vocab, preds, target)
+            A.check(split.total == self.num_classes, name, "vocab",
+                    f"shards tile a vocabulary of {split.total} but num_classes={self.num_classes}")
+            self._feed({"stats": dict(preds=preds, target=target, mask=mask, vocab=split)})
+            return
         preds_cl, target_cl = self._check_inputs(preds, target, mask)
         if mask is not None and target_cl is not target:
             mask = A.channel_last(torch.broadcast_to(mask, target.shape), 1)
         self._feed({"stats": dict(preds=preds_cl, target=target_cl, mask=mask)})
+
+    def _check_vocab(self, preds, target, mask):
+        """Metadata checks of a vocab-sharded update (this rank's own; ``resolve`` checks across tp)."""
+        name = type(self).__name__
+        A.check(self.task == "multiclass", name, "vocab", f"needs task='multiclass', got task={self.task!r}")
+        A.check(self.multidim_average == "global", name, "vocab",
+                f"needs multidim_average='global', got {self.multidim_average!r}")
+        A.check_preds_target(name, preds, target)
+        A.check_index_dtype(name, "target", target)
+        A.check(preds.is_floating_point(), name, "preds", f"must be floating scores with vocab=, got {preds.dtype}",
+                TypeError)
+        ps, ts = tuple(preds.shape), tuple(target.shape)
+        A.check(len(ps) == len(ts) + 1 and ps[:-1] == ts, name, "preds",
+                f"must be this rank's scores target.shape + (size,) with vocab= (class dim last), got preds {ps}, "
+                f"target {ts}")
+        A.check_mask(name, mask, ts)
 
     # -- compute ------------------------------------------------------------
 

@@ -9,6 +9,8 @@ uses the same ``ClassStatistic`` as the classification metrics: in a
 and top-k) on the same inputs and ``ignore_index``, ONE kernel call per
 update serves them all. Without it, Perplexity keeps only ``[2]`` floats of
 state and asks the kernel for the NLL alone (no top-k, no per-class counts).
+``update(..., vocab=dk.VocabShard(...))`` takes tensor-parallel logits split
+by vocabulary (``d9d_kernels.metrics.vocab_parallel``).
 """
 
 from __future__ import annotations
@@ -21,11 +23,13 @@ from d9d_kernels.core.statistic import SUM, Slot, statistic
 from d9d_kernels.metrics import _args as A
 from d9d_kernels.metrics.class_stats import ClassStatistic
 from d9d_kernels.metrics.nonfinite import CountsNonfinite
+from d9d_kernels.metrics.vocab_parallel import add_vocab_class_stats, resolve
 
 __all__ = ["Perplexity"]
 
 INPUTS = ("preds", "target", "mask")
 LSE = "lse"
+VOCAB = "vocab"
 
 
 def add_lse_nll(state, preds, target, mask, lse, ignore_index, count_rows: bool) -> None:
@@ -58,6 +62,11 @@ class NLLStatistic(CountsNonfinite):
 
     def update(self, state, **inputs) -> None:
         preds, target, mask = self.unpack(inputs)
+        vocab = inputs.get(VOCAB)
+        if vocab is not None:  # this tp rank's vocabulary shard: partials, one gather, combined
+            add_vocab_class_stats(state, preds, target, mask, vocab, self.ignore_index, nll=True,
+                                  count_nonfinite=self.count_nonfinite, lse=inputs.get(LSE), rows_by_lse=True)
+            return
         lse = inputs.get(LSE)
         if lse is not None:  # no kernel: the NLL of the given lse, a few [N] ops
             add_lse_nll(state, preds, target, mask, lse, self.ignore_index, count_rows=True)
@@ -80,7 +89,7 @@ class Perplexity(Metric):
         nan_strategy: as the classification metrics (default ``"error"``:
             NaN/Inf logits and out-of-range targets raise at ``compute()``).
 
-    ``update(preds, target, mask=None, lse=None)``: logits ``[N, V]`` /
+    ``update(preds, target, mask=None, lse=None, vocab=None)``: logits ``[N, V]`` /
     ``[B, T, V]`` (any floating dtype; float64 accumulation), targets ``[N]`` /
     ``[B, T]``. ``lse`` (optional, floating, target's shape): each token's
     ``logsumexp`` of its logits, as the training loss computed it; the update
@@ -89,6 +98,14 @@ class Perplexity(Metric):
     target=, lse=)`` feeds the members whose update takes ``lse``; the
     Accuracy members sharing Perplexity(num_classes=V)'s kernel call are
     filled by that same call.
+    ``vocab`` (optional, ``dk.VocabShard(start, size, tp)``): ``preds`` are
+    this tensor-parallel rank's vocabulary columns ``[start, start + size)``
+    (``[..., size]``); the tp ranks combine per-row partials with one
+    all-gather per update and each keeps the unsharded update's state (sync
+    over the dp ranks only; docs/metrics.md, "Vocab-parallel logits").
+    ``num_classes``, when given, is the whole vocabulary; ``lse``, when
+    given with ``vocab``, is the whole vocabulary's logsumexp (the exp pass
+    is skipped on every shard).
     With no valid token, ``compute()`` returns 0.0.
 
     Example:
@@ -113,7 +130,7 @@ class Perplexity(Metric):
         return {"nll": ClassStatistic(self.num_classes, self.ignore_index, (1,), nll=True, count_nonfinite=nonfinite, inputs=INPUTS)}
 
     def update(self, preds: torch.Tensor, target: torch.Tensor, mask: torch.Tensor | None = None,
-               lse: torch.Tensor | None = None) -> None:
+               lse: torch.Tensor | None = None, vocab=None) -> None:
         """Adds a batch of logits and target token ids (device-local, no host sync)."""
         A.check_tensor("Perplexity", "preds", preds)
         A.check_tensor("Perplexity", "target", target)
@@ -122,18 +139,27 @@ class Perplexity(Metric):
         ps, ts = tuple(preds.shape), tuple(target.shape)
         A.check(len(ps) in (2, 3) and ps[:-1] == ts, "Perplexity", "preds",
                 f"must be logits [N, V] or [B, T, V] with target [N] / [B, T], got preds {ps}, target {ts}")
+        A.check(preds.device == target.device, "Perplexity", "target", f"must be on preds' device {preds.device}")
+        A.check_mask("Perplexity", mask, ts)
+        if lse is not None:
+            A.check_tensor("Perplexity", "lse", lse)
+            A.check(lse.is_floating_point(), "Perplexity", "lse", f"must be floating, got {lse.dtype}", TypeError)
+            A.check(tuple(lse.shape) == ts, "Perplexity", "lse", f"must have target's shape {ts}, got {tuple(lse.shape)}")
+            A.check(lse.device == preds.device, "Perplexity", "lse", f"must be on preds' device {preds.device}")
+        if vocab is not None:
+            split = resolve("Perplexity", vocab, preds, target)
+            if self.num_classes is not None:
+                A.check(split.total == self.num_classes, "Perplexity", "vocab",
+                        f"shards tile a vocabulary of {split.total} but num_classes={self.num_classes}")
+            kw = dict(preds=preds, target=target, mask=mask, vocab=split)
+            self._feed({"nll": kw if lse is None else dict(kw, lse=lse)})
+            return
         if self.num_classes is not None:
             A.check(ps[-1] == self.num_classes, "Perplexity", "preds",
                     f"has vocabulary size {ps[-1]} in its last dim but num_classes={self.num_classes}")
-        A.check(preds.device == target.device, "Perplexity", "target", f"must be on preds' device {preds.device}")
-        A.check_mask("Perplexity", mask, ts)
         if lse is None:
             self._feed({"nll": dict(preds=preds, target=target, mask=mask)})
             return
-        A.check_tensor("Perplexity", "lse", lse)
-        A.check(lse.is_floating_point(), "Perplexity", "lse", f"must be floating, got {lse.dtype}", TypeError)
-        A.check(tuple(lse.shape) == ts, "Perplexity", "lse", f"must have target's shape {ts}, got {tuple(lse.shape)}")
-        A.check(lse.device == preds.device, "Perplexity", "lse", f"must be on preds' device {preds.device}")
         self._feed({"nll": dict(preds=preds, target=target, mask=mask, lse=lse)})
 
     def _raise_on_bad(self) -> bool:

@@ -1,0 +1,329 @@
+"""Vocab-parallel logits (``update(..., vocab=dk.VocabShard(...))``) on 2 and 4
+real gloo ranks, the vocabulary split unevenly (and out of rank order): the
+state every tp rank writes equals the unsharded single-process update's
+(counts exactly, NLL sums to float64 rounding), perplexity within 1e-6 of
+float64 ``F.cross_entropy``; ties, -inf masked columns, ignore_index, mask,
+bad rows, ``lse=`` given; dp x tp synced over dp only; bad splits raise
+ValueError on every rank."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import d9d_kernels as dk
+from tests.dist_utils import run_distributed, run_distributed_expect_errors
+
+IGNORE = -100
+V = 37
+N = 41
+# shard bounds by tp rank: uneven, and the 4-rank split out of vocabulary order
+SPLITS = {2: [(0, 12), (12, 37)], 4: [(25, 30), (0, 5), (30, 37), (5, 25)]}
+# a vocabulary wider than vocab_parallel.BLOCK: several candidate blocks per
+# shard, one shard exactly one block wide, short last blocks
+WIDE_V = 413
+WIDE_SPLITS = {2: [(0, 150), (150, 413)], 4: [(300, 413), (0, 64), (200, 300), (64, 200)]}
+
+
+def _batch(seed, dtype, dirty=False, V=V):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(N, V, generator=g, dtype=torch.float64) * 3
+    t = torch.randint(0, V, (N,), generator=g)
+    ties = torch.rand(N, generator=g) < 0.5  # coarse logits: many equal scores, across shard borders too
+    x[ties] = torch.randint(-2, 3, (int(ties.sum()), V), generator=g).double()
+    masked = torch.rand(N, V, generator=g) < 0.3  # -inf masked vocabulary entries, never the target
+    masked[torch.arange(N), t] = False
+    x = x.masked_fill(masked, float("-inf"))
+    x[5] = 1.0  # one row of equal logits
+    t[torch.rand(N, generator=g) < 0.15] = IGNORE
+    mask = torch.rand(N, generator=g) < 0.9
+    if dirty:  # bad rows: NaN, +Inf, all -Inf, target out of range; one NaN row ignored
+        x[0, 3] = float("nan")
+        x[1, 30] = float("inf")
+        x[2] = float("-inf")
+        t[3] = V + 2
+        x[4, 20] = float("nan")
+        t[4] = IGNORE
+        mask[:5] = True
+    return x.to(dtype), t, mask
+
+
+def _metrics(V=V):
+    nf = dict(nan_strategy="ignore")
+    return {
+        "group": dk.MetricGroup({
+            "ppl": dk.Perplexity(ignore_index=IGNORE, num_classes=V),
+            "acc": dk.Accuracy(task="multiclass", num_classes=V, ignore_index=IGNORE),
+            "top5": dk.Accuracy(task="multiclass", num_classes=V, top_k=5, ignore_index=IGNORE),
+            "top3_macro": dk.Accuracy(task="multiclass", num_classes=V, top_k=3, average="macro", ignore_index=IGNORE),
+            "cm": dk.ConfusionMatrix(task="multiclass", num_classes=V, ignore_index=IGNORE),
+        }),
+        "ppl_alone": dk.Perplexity(ignore_index=IGNORE),
+        "top2_nf": dk.Accuracy(task="multiclass", num_classes=V, top_k=2, ignore_index=IGNORE, **nf),
+        "ppl_nf": dk.Perplexity(ignore_index=IGNORE, **nf),
+        # given the loss's logsumexp: no exp pass
+        "lse_group": dk.MetricGroup({
+            "ppl": dk.Perplexity(ignore_index=IGNORE, num_classes=V),
+            "top5": dk.Accuracy(task="multiclass", num_classes=V, top_k=5, ignore_index=IGNORE),
+        }),
+        "ppl_lse_nf": dk.Perplexity(ignore_index=IGNORE, **nf),
+    }
+
+
+def _feed(ms, x, t, mask, shard=None, lo=0, hi=None):
+    kw = {} if shard is None else {"vocab": shard}
+    p = x[:, lo:hi]
+    ms["group"].update(preds=p, target=t, mask=mask, **kw)
+    ms["ppl_alone"].update(p.reshape(1, N, -1), t.reshape(1, N), **kw)  # [B, T, V] logits
+    ms["top2_nf"].update(p, t, mask, **kw)
+    ms["ppl_nf"].update(p, t, mask, **kw)
+    lse = torch.logsumexp(x.float(), dim=-1)  # the whole vocabulary's, as a vocab-parallel loss computes it
+    ms["lse_group"].update(preds=p, target=t, mask=mask, lse=lse, **kw)
+    ms["ppl_lse_nf"].update(p, t, mask, lse=lse, **kw)
+
+
+def _states(ms):
+    out = {}
+    for name, m in ms.items():
+        members = m._members.items() if isinstance(m, dk.MetricGroup) else [(name, m)]
+        for mname, mm in members:
+            for sname, s in mm._states().items():
+                for slot, v in s.items():
+                    out[f"{name}.{mname}.{sname}.{slot}"] = v.tolist()
+    return out
+
+
+def _run(ms, dtype, dirty, shard=None, lo=0, hi=None, V=V):
+    for seed in (1, 2):
+        x, t, mask = _batch(seed, dtype, dirty and seed == 2, V)
+        _feed(ms, x, t, mask, shard, lo, hi)
+    return _states(ms)
+
+
+def _tp_worker(rank, world, dtype_name, dirty, V):
+    lo, hi = (SPLITS if V == 37 else WIDE_SPLITS)[world][rank]
+    shard = dk.VocabShard(lo, hi - lo, dk.DistributedContext())
+    return _run(_metrics(V), getattr(torch, dtype_name), dirty, shard, lo, hi, V)
+
+
+def _assert_same_state(got, want):
+    assert got.keys() == want.keys()
+    for k in want:
+        g, w = torch.tensor(got[k], dtype=torch.float64), torch.tensor(want[k], dtype=torch.float64)
+        if k.endswith(".extras"):  # [valid rows, NLL sum]: the NLL to float64 rounding of a different order
+            assert g[0] == w[0], k
+            torch.testing.assert_close(g[1], w[1], rtol=1e-6, atol=1e-9, msg=k)
+        else:
+            assert torch.equal(g, w), f"{k}: {g} != {w}"
+
+
+@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("dtype_name", ["bfloat16", "float32"])
+@pytest.mark.parametrize("dirty", [False, True])
+@pytest.mark.parametrize("V", [V, WIDE_V])
+def test_sharded_state_equals_unsharded(world, dtype_name, dirty, V):
+    out = run_distributed(_tp_worker, world, dtype_name, dirty, V, timeout=240.0)
+    want = _run(_metrics(V), getattr(torch, dtype_name), dirty, V=V)
+    for rank in range(world):
+        _assert_same_state(out[rank], want)
+
+
+def _ppl_worker(rank, world, dtype_name):
+    lo, hi = SPLITS[world][rank]
+    ms = _metrics()
+    shard = dk.VocabShard(lo, hi - lo, None)
+    _run(ms, getattr(torch, dtype_name), False, shard, lo, hi)
+    vals = ms["group"].compute()
+    return {"ppl": vals["ppl"].item(), "ppl_alone": ms["ppl_alone"].compute().item(),
+            "acc": vals["acc"].item(), "top5": vals["top5"].item()}
+
+
+@pytest.mark.parametrize("dtype_name", ["bfloat16", "float32"])
+def test_perplexity_and_topk_match_float64_torch(dtype_name):
+    out = run_distributed(_ppl_worker, 2, dtype_name, timeout=180.0)
+    xs, ts = [], []
+    for seed in (1, 2):
+        x, t, mask = _batch(seed, getattr(torch, dtype_name))
+        xs.append(x.double())
+        ts.append(torch.where(mask, t, IGNORE))
+    x, t = torch.cat(xs), torch.cat(ts)
+    want = torch.exp(F.cross_entropy(x, t, ignore_index=IGNORE)).item()
+    keep = t != IGNORE
+    # top-k with ties broken towards the lower index: a stable descending sort
+    order = torch.sort(x[keep], dim=1, descending=True, stable=True).indices
+    hits = order == t[keep][:, None]
+    for r in out:
+        assert abs(r["ppl"] - want) <= 1e-6 * want
+        assert r["acc"] == pytest.approx(hits[:, :1].any(1).double().mean().item(), abs=1e-12)
+        assert r["top5"] == pytest.approx(hits[:, :5].any(1).double().mean().item(), abs=1e-12)
+    # ppl_alone saw the batches without the mask
+    xs2 = torch.cat([_batch(s, getattr(torch, dtype_name))[0].double() for s in (1, 2)])
+    ts2 = torch.cat([_batch(s, getattr(torch, dtype_name))[1] for s in (1, 2)])
+    want2 = torch.exp(F.cross_entropy(xs2, ts2, ignore_index=IGNORE)).item()
+    assert all(abs(r["ppl_alone"] - want2) <= 1e-6 * want2 for r in out)
+
+
+def _dp_tp_worker(rank, world):
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    dp, tp = mesh["dp"].get_local_rank(), mesh["tp"].get_local_rank()
+    lo, hi = SPLITS[2][tp]
+    ms = _metrics()
+    for seed in (10 + dp, 20 + dp):  # each dp replica its own batches
+        x, t, mask = _batch(seed, torch.float32)
+        _feed(ms, x, t, mask, dk.VocabShard(lo, hi - lo, mesh["tp"]), lo, hi)
+    ctx = dk.DistributedContext.from_mesh(mesh, dims=("dp",))
+    for m in ms.values():
+        m.sync_and_compute(ctx)
+    return {"group": {k: v.tolist() for k, v in ms["group"].compute().items()},
+            "ppl_alone": ms["ppl_alone"].compute().item()}
+
+
+def test_dp_x_tp_synced_over_dp_equals_unsharded():
+    out = run_distributed(_dp_tp_worker, 4, timeout=240.0)
+    ms = _metrics()
+    for dp in (0, 1):
+        for seed in (10 + dp, 20 + dp):
+            x, t, mask = _batch(seed, torch.float32)
+            _feed(ms, x, t, mask)
+    want = {k: v.tolist() for k, v in ms["group"].compute().items()}
+    for r in out:
+        for k, w in want.items():  # counts exact; perplexity to the 1e-6 of its float32 row sums
+            torch.testing.assert_close(torch.tensor(r["group"][k]), torch.tensor(w), rtol=1e-6 if k == "ppl" else 1e-12,
+                                       atol=0, msg=k)
+        assert r["ppl_alone"] == pytest.approx(ms["ppl_alone"].compute().item(), rel=1e-6)
+
+
+def _bad_worker(rank, world, case):
+    lo, hi = SPLITS[world][rank]
+    rows = N
+    if case == "gap" and rank == 1:
+        lo += 1
+    if case == "overlap" and rank == 1:
+        lo -= 2
+    if case == "rows" and rank == world - 1:
+        rows = N - 3
+    width = hi - lo
+    size = width + 1 if case == "size" and rank == 0 else width
+    x = torch.randn(rows, width)
+    t = torch.randint(0, 5, (rows,))
+    m = dk.Perplexity() if case != "size" else dk.Accuracy(task="multiclass", num_classes=V, top_k=2)
+    m.update(x, t, vocab=dk.VocabShard(lo, size, None))
+    return "no error"
+
+
+@pytest.mark.parametrize("world,case", [(2, "gap"), (2, "overlap"), (4, "gap"), (2, "rows"), (4, "rows"), (2, "size")])
+def test_bad_split_raises_value_error_on_every_rank(world, case):
+    out = run_distributed_expect_errors(_bad_worker, world, case, timeout=120.0)
+    name = "Accuracy" if case == "size" else "Perplexity"
+    arg = "'preds'" if case == "rows" else "'vocab'"
+    for rank, (status, msg) in out.items():
+        assert status == "error", (rank, status, msg)
+        assert msg.startswith(f"ValueError: {name}: argument {arg}"), msg
+        if case in ("gap", "overlap"):
+            assert case in msg and "do not tile the vocabulary" in msg
+
+
+def test_local_shard_and_argument_errors():
+    x, t, mask = _batch(3, torch.float32)
+    local = dk.VocabShard(0, V, dk.DistributedContext.local())
+    a, b = _metrics(), _metrics()
+    _feed(a, x, t, mask)
+    _feed(b, x, t, mask, local)
+    _assert_same_state(_states(b), _states(a))
+    empty = (torch.zeros(0, V), torch.zeros(0, dtype=torch.long))
+    for name in ("ppl_alone", "top2_nf"):
+        a[name].update(*empty)
+        b[name].update(*empty, vocab=local)
+    _assert_same_state(_states(b), _states(a))
+    with pytest.raises(ValueError, match="argument 'size' must be >= 1"):
+        dk.VocabShard(0, 0)
+    with pytest.raises(TypeError, match="argument 'start' must be an int"):
+        dk.VocabShard(1.0, 3)
+    with pytest.raises(ValueError, match="Perplexity: argument 'vocab' shards tile a vocabulary of 37 but num_classes=40"):
+        dk.Perplexity(num_classes=40).update(x, t, vocab=local)
+    with pytest.raises(ValueError, match="Perplexity: argument 'lse' must have target's shape"):
+        dk.Perplexity().update(x, t, lse=torch.zeros(N + 1), vocab=local)
+    with pytest.raises(ValueError, match="Accuracy: argument 'vocab' needs task='multiclass'"):
+        dk.Accuracy(task="binary").update(x[:, 0], t.clamp(0, 1), vocab=local)
+    with pytest.raises(ValueError, match="Accuracy: argument 'preds' must be this rank's scores"):
+        dk.Accuracy(task="multiclass", num_classes=V).update(x.T, t, vocab=local)
+    with pytest.raises(TypeError, match="Accuracy: argument 'vocab' must be a dk.VocabShard"):
+        dk.Accuracy(task="multiclass", num_classes=V).update(x, t, vocab=(0, V))
+
+
+@pytest.mark.parametrize("block", [1, 4, 64])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64])
+def test_local_topk_matches_stable_sort(monkeypatch, block, dtype):
+    from d9d_kernels.metrics import vocab_parallel as vp
+
+    monkeypatch.setattr(vp, "BLOCK", block)
+    g = torch.Generator().manual_seed(block)
+    for size in (1, 3, 4, 5, 9, 130):
+        x = torch.randint(-3, 3, (30, size), generator=g).double()
+        x[torch.rand(30, size, generator=g) < 0.3] = float("-inf")
+        x[0] = float("-inf")
+        x[1] = -0.0
+        x[2, ::2] = 0.0
+        x = x.to(dtype)
+        t = torch.randint(0, size, (30,), generator=g)
+        want = torch.sort(x.double(), dim=1, descending=True, stable=True)
+        for kmax in (1, 2, 5, 7):
+            out = vp._local_partials(x, t + 1000, 1000, kmax, sumexp=True)
+            kk = min(kmax, size)
+            assert torch.equal(out[:, 0], x.double().amax(1))
+            assert torch.equal(out[:, 1], x.double()[torch.arange(30), t])
+            assert torch.equal(out[:, 3 + kmax : 3 + kmax + kk], want.indices[:, :kk].double() + 1000), (size, kmax)
+            assert torch.equal(out[:, 3 : 3 + kk], want.values[:, :kk])
+            assert (out[:, 3 + kk : 3 + kmax] == float("-inf")).all()
+            assert (out[:, 3 + kmax + kk :] >= size + 1000).all()
+            fin = torch.isfinite(out[:, 0])
+            m = out[fin, 0]
+            torch.testing.assert_close(m + out[fin, 2].log(), torch.logsumexp(x.double()[fin], 1), rtol=1e-6, atol=1e-6)
+
+
+def test_docstring_examples_run():
+    import doctest
+
+    from d9d_kernels.metrics import vocab_parallel
+
+    result = doctest.testmod(vocab_parallel, raise_on_error=False)
+    assert result.attempted > 0 and result.failed == 0
+
+
+class _Counting(dk.DistributedContext):
+    """The world group, counting the collectives launched through it."""
+
+    calls = 0
+
+    def all_gather_into_tensor(self, output, input):
+        type(self).calls += 1
+        return super().all_gather_into_tensor(output, input)
+
+    def all_reduce(self, tensor, op):
+        type(self).calls += 1
+        return super().all_reduce(tensor, op)
+
+
+def _count_worker(rank, world):
+    lo, hi = SPLITS[world][rank]
+    ctx = _Counting()
+    g = _metrics()["group"]  # Perplexity(num_classes=V) + accuracies + confusion matrix: one merged statistic
+    counts = []
+    for seed in (1, 2, 3):
+        x, t, mask = _batch(seed, torch.float32)
+        before = _Counting.calls
+        g.update(preds=x[:, lo:hi], target=t, mask=mask, vocab=dk.VocabShard(lo, hi - lo, ctx))
+        counts.append(_Counting.calls - before)
+    before = _Counting.calls  # an empty batch: its new signature's metadata check, no gather
+    g.update(preds=torch.zeros(0, hi - lo), target=torch.zeros(0, dtype=torch.long),
+             vocab=dk.VocabShard(lo, hi - lo, ctx))
+    counts.append(_Counting.calls - before)
+    return counts
+
+
+def test_one_collective_per_update_after_the_first():
+    # the first update also checks the metadata (one small all-gather), cached for the signature
+    assert run_distributed(_count_worker, 2, timeout=120.0) == [[2, 1, 1, 1], [2, 1, 1, 1]]
