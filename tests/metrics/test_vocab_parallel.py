@@ -327,3 +327,28 @@ def _count_worker(rank, world):
 def test_one_collective_per_update_after_the_first():
     # the first update also checks the metadata (one small all-gather), cached for the signature
     assert run_distributed(_count_worker, 2, timeout=120.0) == [[2, 1, 1, 1], [2, 1, 1, 1]]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_row_sum_exp_op_vs_float64(dtype):
+    """The compiled CPU row pass behind the shard partials: Σ exp(x - max) per
+    row within 1e-6 relative of float64, with -inf masks, odd widths and
+    a row of only -inf (max replaced by 0 as the caller does)."""
+    from d9d_kernels.metrics import vocab_parallel as vp
+
+    if not vp._HAS_ROW_SUM_EXP:
+        pytest.skip("d9d_kernels._C without row_sum_exp")
+    g = torch.Generator().manual_seed(3)
+    for V in (1, 7, 33, 1000, 50257):
+        x = (torch.randn(9, V, generator=g) * 4).to(dtype)
+        x[1, ::2] = -float("inf")
+        x[2] = -float("inf")
+        m = x.float().amax(1)
+        m = torch.where(torch.isfinite(m), m, 0.0)
+        out = torch.empty(9, dtype=torch.float64)
+        torch.ops.d9d_kernels.row_sum_exp(x, m, out)
+        want = torch.exp(x.double() - m.double()[:, None]).sum(1)
+        # a masked score adds exp(-87) ~ 1.6e-38 (the pass clamps its argument), not 0
+        torch.testing.assert_close(out, want, rtol=1e-6, atol=1e-33)
+    with pytest.raises(ValueError, match="row_max"):
+        torch.ops.d9d_kernels.row_sum_exp(x, m[:3], out)
