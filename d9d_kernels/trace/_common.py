@@ -260,7 +260,7 @@ def subset(rt: RankTrace, keep: np.ndarray) -> RankTrace:
     new_index[rows] = np.arange(rows.size)
     cols = {c: getattr(rt, c)[rows] for c in ("name_id", "cat_id", "kind", "ts", "dur", "pid", "tid",
                                               "stream", "device", "correlation", "external_id",
-                                              "is_comm")}
+                                              "is_comm", "nbytes", "mem_bw")}
     comm = {int(new_index[r]): a for r, a in rt.comm_args.items() if new_index[r] >= 0}
     return RankTrace(path=rt.path, rank=rt.rank, names=rt.names, cats=rt.cats, comm_args=comm,
                      distributed_info=rt.distributed_info, device_properties=rt.device_properties,
