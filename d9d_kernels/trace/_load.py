@@ -250,7 +250,7 @@ def _read_bytes(path: Path) -> bytes:
         raise TraceError(path, "file not found") from None
     except (OSError, EOFError, zlib.error) as exc:
         raise TraceError(path, f"cannot read (truncated or corrupt gzip?): {exc}") from None
-    if not data.strip():
+    if not data or data.isspace():  # isspace stops at the first other byte; strip() copies the file
         raise TraceError(path, "empty file")
     return data
 
@@ -382,9 +382,11 @@ def _columns_fast(path: Path, data: bytes):
         cols["mem_bw"] = [a.mem_bw if a is not None else _NAN for a in args]
     comm: dict = {}
     comm_names = {n for n in set(names) if n == "record_param_comms" or COMM_ANNOTATION_RE.match(n)}
+    coll = operator.attrgetter(*(attr for attr, _ in _COLL_ATTRS))  # one C call per event
+    keys = [k for _, k in _COLL_ATTRS]
     for i, (a, n) in enumerate(zip(args, names)):
         if a is not None and (a.c0 is not None or n in comm_names):
-            comm[i] = {k: getattr(a, attr) for attr, k in _COLL_ATTRS if getattr(a, attr) is not None}
+            comm[i] = {k: v for k, v in zip(keys, coll(a)) if v is not None}
     return cols, comm, bad, dist or None, devprops or None, meta
 
 

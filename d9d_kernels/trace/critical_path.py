@@ -27,10 +27,11 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
 from collections import defaultdict
+from functools import partial
 
 import numpy as np
 
-from d9d_kernels.trace._common import launch_rows, open_steps, rank_key, resolve_mode
+from d9d_kernels.trace._common import launch_rows, map_ranks, open_steps, rank_key, resolve_mode
 from d9d_kernels.trace._load import KIND_PROFILER_STEP
 from d9d_kernels.trace._result import metric, result
 
@@ -199,56 +200,57 @@ def step_path(rt, lo: float, hi: float, launch_of: np.ndarray, cpu_rows: np.ndar
     return acc
 
 
+def rank_path(rt, profile_mode="auto") -> dict:
+    """One rank's entry: per-step split, all-step shares and the events longest on the path."""
+    if resolve_mode(rt, profile_mode) != "gpu":
+        return {"mode": "cpu", "note": "no GPU events in this trace"}
+    g, c = launch_rows(rt)
+    launch_of = np.full(len(rt), -1, dtype=np.int64)
+    launch_of[g] = c
+    is_gpu = rt.gpu_mask
+    # CPU events on threads, without the ProfilerStep spans (they enclose everything)
+    cpu_rows = np.flatnonzero(~is_gpu & (rt.stream < 0) & (rt.kind != KIND_PROFILER_STEP))
+    gpu_rows = np.flatnonzero(is_gpu)
+    is_sync = rt.name_mask(lambda n: n in SYNC_NAMES)
+    nums, s0, s1 = rt.steps
+    windows = [(f"step{int(n)}", float(a), float(b)) for n, a, b in zip(nums, s0, s1)]
+    if not windows:
+        windows = [("all", float(rt.ts.min()), float((rt.ts + rt.dur).max()) + 1)]
+    per, tot, events = {}, defaultdict(float), defaultdict(float)
+    for name, lo, hi in windows:
+        p = step_path(rt, lo, hi, launch_of, cpu_rows, gpu_rows, is_sync, is_gpu, (g, c))
+        if not p:
+            continue
+        path = p["end"] - lo
+        per[name] = {
+            "path_time": metric(path, "us", "step start to the last end of its CPU events and GPU work"),
+            **{f"{k}_time": metric(p[k], "us", f"{k} time on the critical path") for k in ("cpu", "gpu", "gap")},
+            **{f"{k}_pct": metric(100.0 * p[k] / path if path > 0 else None, "%",
+                                  f"{k}_time / path_time * 100") for k in ("cpu", "gpu", "gap")},
+        }
+        tot["path"] += path
+        for k in ("cpu", "gpu", "gap"):
+            tot[k] += p[k]
+        for i, v in p["events"].items():
+            events[(rt.names[rt.name_id[i]], "gpu" if is_gpu[i] else "cpu")] += v
+    if not per:
+        return {"note": "no events in the steps"}
+    entry = {f"{k}_pct": metric(100.0 * tot[k] / tot["path"] if tot["path"] > 0 else None, "%",
+                                f"{k} time on the critical path / path time, all steps")
+             for k in ("cpu", "gpu", "gap")}
+    entry["path_time_total"] = metric(tot["path"], "us", "sum over steps of path_time")
+    entry["steps"] = per
+    top = sorted(events.items(), key=lambda kv: -kv[1])[:TOP]
+    entry["top_events"] = [{"name": n, "side": s, "time": metric(v, "us", "time on the path, all steps")}
+                           for (n, s), v in top]
+    return entry
+
+
 def metric_cal(trace_dir, workload_card_path=None, profile_mode="auto", steps="hta",
                allow_mixed=False) -> dict:
     """Critical-path split per rank and step (see module docstring)."""
     wl, ranks, errors, steps_note = open_steps(trace_dir, workload_card_path, steps, allow_mixed)
     notes = list(wl.notes) + [steps_note, "path traced backwards along binding dependencies "
                               "(stream order, launch, thread order, synchronisation); see docs/trace.md"]
-    out = {}
-    for r, rt in ranks.items():
-        if resolve_mode(rt, profile_mode) != "gpu":
-            out[rank_key(r)] = {"mode": "cpu", "note": "no GPU events in this trace"}
-            continue
-        g, c = launch_rows(rt)
-        launch_of = np.full(len(rt), -1, dtype=np.int64)
-        launch_of[g] = c
-        is_gpu = rt.gpu_mask
-        # CPU events on threads, without the ProfilerStep spans (they enclose everything)
-        cpu_rows = np.flatnonzero(~rt.gpu_mask & (rt.stream < 0) & (rt.kind != KIND_PROFILER_STEP))
-        gpu_rows = np.flatnonzero(is_gpu)
-        is_sync = rt.name_mask(lambda n: n in SYNC_NAMES)
-        nums, s0, s1 = rt.steps
-        windows = [(f"step{int(n)}", float(a), float(b)) for n, a, b in zip(nums, s0, s1)]
-        if not windows:
-            windows = [("all", float(rt.ts.min()), float((rt.ts + rt.dur).max()) + 1)]
-        per, tot, events = {}, defaultdict(float), defaultdict(float)
-        for name, lo, hi in windows:
-            p = step_path(rt, lo, hi, launch_of, cpu_rows, gpu_rows, is_sync, is_gpu, (g, c))
-            if not p:
-                continue
-            path = p["end"] - lo
-            per[name] = {
-                "path_time": metric(path, "us", "step start to the last end of its CPU events and GPU work"),
-                **{f"{k}_time": metric(p[k], "us", f"{k} time on the critical path") for k in ("cpu", "gpu", "gap")},
-                **{f"{k}_pct": metric(100.0 * p[k] / path if path > 0 else None, "%",
-                                      f"{k}_time / path_time * 100") for k in ("cpu", "gpu", "gap")},
-            }
-            tot["path"] += path
-            for k in ("cpu", "gpu", "gap"):
-                tot[k] += p[k]
-            for i, v in p["events"].items():
-                events[(rt.names[rt.name_id[i]], "gpu" if is_gpu[i] else "cpu")] += v
-        if not per:
-            out[rank_key(r)] = {"note": "no events in the steps"}
-            continue
-        entry = {f"{k}_pct": metric(100.0 * tot[k] / tot["path"] if tot["path"] > 0 else None, "%",
-                                    f"{k} time on the critical path / path time, all steps")
-                 for k in ("cpu", "gpu", "gap")}
-        entry["path_time_total"] = metric(tot["path"], "us", "sum over steps of path_time")
-        entry["steps"] = per
-        top = sorted(events.items(), key=lambda kv: -kv[1])[:TOP]
-        entry["top_events"] = [{"name": n, "side": s, "time": metric(v, "us", "time on the path, all steps")}
-                               for (n, s), v in top]
-        out[rank_key(r)] = entry
+    out = {rank_key(r): e for r, e in map_ranks(partial(rank_path, profile_mode=profile_mode), ranks).items()}
     return result(TOOL, out, {}, notes, errors)

@@ -14,11 +14,11 @@ count, then name (HTA's order); ``top_k`` are reported.
 
 from __future__ import annotations
 
-from collections import defaultdict
+from functools import partial
 
 import numpy as np
 
-from d9d_kernels.trace._common import launch_rows, open_steps, rank_key, resolve_mode
+from d9d_kernels.trace._common import launch_rows, map_ranks, open_steps, rank_key, resolve_mode
 from d9d_kernels.trace._load import KIND_CPU_OP
 from d9d_kernels.trace._result import metric, result
 
@@ -122,6 +122,30 @@ def rank_sequences(rt, operator_name=None, min_pattern_len: int = 3) -> dict:
     return out
 
 
+def rank_entry(rt, profile_mode="auto", operator_name=None, min_pattern_len: int = 3, top_k: int = 5) -> dict:
+    """One rank's entry: root count, distinct patterns and the ``top_k`` most frequent."""
+    if resolve_mode(rt, profile_mode) != "gpu":
+        return {"mode": "cpu", "note": "no GPU events in this trace"}
+    pats = rank_sequences(rt, operator_name, min_pattern_len)
+    ranked = sorted(pats.items(), key=lambda kv: (-kv[1][0], "|".join(kv[0])))
+    total = sum(v[0] for v in pats.values())
+    entry = {
+        "roots_with_kernels": metric(total, "count", f"root ops launching >= {min_pattern_len} GPU events"),
+        "distinct_patterns": metric(len(pats), "count", "distinct root|kernel sequences"),
+        "patterns": {},
+    }
+    for i, (pat, (cnt, gpu_us, cpu_us)) in enumerate(ranked[:top_k], 1):
+        entry["patterns"][f"top{i}"] = {
+            "pattern": "|".join(pat),
+            "count": metric(cnt, "count", "occurrences of this sequence"),
+            "share_pct": metric(100.0 * cnt / total, "%", "count / roots_with_kernels * 100"),
+            "kernels": metric(len(pat) - 1, "count", "GPU events in the sequence"),
+            "gpu_time": metric(gpu_us, "us", "summed duration of the sequence's GPU events, all occurrences"),
+            "cpu_time": metric(cpu_us, "us", "summed duration of the root op, all occurrences"),
+        }
+    return entry
+
+
 def metric_cal(trace_dir, workload_card_path=None, profile_mode="auto", steps="hta",
                allow_mixed=False, operator_name=None, min_pattern_len: int = 3, top_k: int = 5) -> dict:
     """Most frequent kernel sequences per rank (see module docstring)."""
@@ -129,27 +153,7 @@ def metric_cal(trace_dir, workload_card_path=None, profile_mode="auto", steps="h
     roots = f"CPU ops whose name contains {operator_name!r}" if operator_name else "outermost cpu_op events"
     notes = list(wl.notes) + [steps_note, f"roots: {roots}; min_pattern_len = {min_pattern_len}; "
                               f"top_k = {top_k}; patterns are 'root|kernel|kernel|...' (full names in JSON)"]
-    out = {}
-    for r, rt in ranks.items():
-        if resolve_mode(rt, profile_mode) != "gpu":
-            out[rank_key(r)] = {"mode": "cpu", "note": "no GPU events in this trace"}
-            continue
-        pats = rank_sequences(rt, operator_name, min_pattern_len)
-        ranked = sorted(pats.items(), key=lambda kv: (-kv[1][0], "|".join(kv[0])))
-        total = sum(v[0] for v in pats.values())
-        entry = {
-            "roots_with_kernels": metric(total, "count", f"root ops launching >= {min_pattern_len} GPU events"),
-            "distinct_patterns": metric(len(pats), "count", "distinct root|kernel sequences"),
-            "patterns": {},
-        }
-        for i, (pat, (cnt, gpu_us, cpu_us)) in enumerate(ranked[:top_k], 1):
-            entry["patterns"][f"top{i}"] = {
-                "pattern": "|".join(pat),
-                "count": metric(cnt, "count", "occurrences of this sequence"),
-                "share_pct": metric(100.0 * cnt / total, "%", "count / roots_with_kernels * 100"),
-                "kernels": metric(len(pat) - 1, "count", "GPU events in the sequence"),
-                "gpu_time": metric(gpu_us, "us", "summed duration of the sequence's GPU events, all occurrences"),
-                "cpu_time": metric(cpu_us, "us", "summed duration of the root op, all occurrences"),
-            }
-        out[rank_key(r)] = entry
+    fn = partial(rank_entry, profile_mode=profile_mode, operator_name=operator_name,
+                 min_pattern_len=min_pattern_len, top_k=top_k)
+    out = {rank_key(r): e for r, e in map_ranks(fn, ranks).items()}
     return result(TOOL, out, {}, notes, errors)
