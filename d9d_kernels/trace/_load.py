@@ -514,7 +514,8 @@ def load_rank(path, rank: int | None = None, fast: bool | None = None) -> RankTr
         ts=np.asarray(cols["ts"], dtype=np.float64), dur=np.asarray(cols["dur"], dtype=np.float64),
         pid=ints(cols["pid"]), tid=ints(cols["tid"]), stream=ints(cols["stream"]),
         device=ints(cols["device"]), correlation=ints(cols["corr"]), external_id=ints(cols["ext"]),
-        is_comm=is_comm, nbytes=floats(cols["nbytes"]), mem_bw=floats(cols["mem_bw"]), comm_args=comm_rows, distributed_info=dist,
+        is_comm=is_comm, nbytes=floats(cols["nbytes"]), mem_bw=floats(cols["mem_bw"]),
+        comm_args=comm_rows, distributed_info=dist,
         device_properties=devprops, metadata=meta,
     )
 
