@@ -45,8 +45,8 @@ sides on the first ``--hta-ranks`` ranks (HTA: ``TraceAnalysis`` parse + tempora
 breakdown, overlap, kernel breakdown, idle time, launch stats, queue length and
 memory bandwidth summaries, imports excluded), where HTA is too slow for all ranks;
 the 64-rank HTA figure is then a per-rank extrapolation, labelled so (``provider``
-``hta_extrapolated``). Peak memory: the sum of RSS over the process tree, sampled
-every 0.25 s. Rows go to bench/results/bench_trace_scale.csv and
+``hta_extrapolated``). Peak memory: the sum of PSS over the process tree (shared pages
+counted once), sampled every 0.25 s. Rows go to bench/results/bench_trace_scale.csv and
 bench/results/bench_trace_scale.png.
 
 Appends rows to bench/results/bench_trace.csv.
@@ -72,7 +72,7 @@ REPO = Path(__file__).resolve().parents[1]
 CSV = REPO / "bench" / "results" / "bench_trace.csv"
 SCALE_CSV = REPO / "bench" / "results" / "bench_trace_scale.csv"
 SCALE_PNG = REPO / "bench" / "results" / "bench_trace_scale.png"
-SCALE_COLUMNS = ["op", "provider", "shape", "dtype", "device", "p20", "p50", "p80", "peak_rss_mib",
+SCALE_COLUMNS = ["op", "provider", "shape", "dtype", "device", "p20", "p50", "p80", "peak_pss_mib",
                  "ratio_p50_vs_hta", "git_sha"]
 COLUMNS = ["op", "provider", "shape", "dtype", "device", "p20", "p50", "p80", "cpu_s_p50",
            "tracemalloc_peak_mib", "rss_growth_mib", "worker_maxrss_mib", "ratio_p50_vs_hta", "git_sha"]
@@ -367,16 +367,17 @@ print("RESULT " + json.dumps({"parse_s": t1 - t0, "wall_s": time.perf_counter() 
 """
 
 
-def _tree_rss_mib(pid: int) -> float:
-    """RSS summed over ``pid`` and its descendants (MiB; pages shared after fork count in
-    every process, so this is an upper bound). Children come from /proc/PID/task/*/children:
-    a walk of the tree, not of every process on the machine, so sampling costs little."""
+def _tree_pss_mib(pid: int) -> float:
+    """Proportional set size summed over ``pid`` and its descendants (MiB): pages shared
+    by forked workers count once in the sum, where RSS would count them in every process.
+    Children come from /proc/PID/task/*/children: a walk of the tree only, so sampling
+    costs little CPU."""
     total, todo = 0.0, [pid]
     while todo:
         q = todo.pop()
         try:
-            for line in Path(f"/proc/{q}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
+            for line in Path(f"/proc/{q}/smaps_rollup").read_text().splitlines():
+                if line.startswith("Pss:"):
                     total += int(line.split()[1]) / 1024
                     break
             for task in Path(f"/proc/{q}/task").iterdir():
@@ -387,9 +388,12 @@ def _tree_rss_mib(pid: int) -> float:
 
 
 def timed(cmd: list, env: dict, timeout: float = 3600) -> dict:
-    """Wall time (s) and peak process-tree RSS (MiB) of ``cmd``; its RESULT line if any."""
+    """Wall time (s) and peak process-tree PSS (MiB) of ``cmd``; its RESULT line if any."""
     import threading
 
+    import resource
+
+    ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=str(REPO))
     peak = [0.0]
@@ -397,7 +401,7 @@ def timed(cmd: list, env: dict, timeout: float = 3600) -> dict:
 
     def sample():
         while not done.is_set():
-            peak[0] = max(peak[0], _tree_rss_mib(p.pid))
+            peak[0] = max(peak[0], _tree_pss_mib(p.pid))
             done.wait(0.25)
 
     th = threading.Thread(target=sample, daemon=True)
@@ -408,7 +412,9 @@ def timed(cmd: list, env: dict, timeout: float = 3600) -> dict:
     th.join()
     if p.returncode != 0:
         raise RuntimeError(f"{cmd[:4]} failed ({p.returncode}):\n{err[-3000:]}")
-    res = {"wall_s": wall, "peak_rss_mib": peak[0]}
+    ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = ru1.ru_utime + ru1.ru_stime - ru0.ru_utime - ru0.ru_stime  # the child and its waited-for workers
+    res = {"wall_s": wall, "cpu_s": cpu, "peak_pss_mib": peak[0]}
     for line in out.splitlines():
         if line.startswith("RESULT "):  # the child's own clock (imports excluded) replaces wall_s
             res.update(json.loads(line[7:]))
@@ -433,12 +439,14 @@ def run_scale(args, sha: str):
                              "--no-progress", "--json", os.devnull]
     rows = []
 
-    def row(provider, shape, walls, peak, hta_p50=None, note=""):
+    def row(provider, shape, runs, hta_p50=None, note=""):
+        walls = [r["wall_s"] for r in runs]
+        peak = max(r["peak_pss_mib"] for r in runs)
         p50 = statistics.median(walls)
         r = {"op": "trace_cli_all_tools" if provider.startswith("d9d") else "hta_parse+7_analyses" + note,
              "provider": provider, "shape": shape, "dtype": "json", "device": f"cpu{os.cpu_count()}",
              "p20": round(pct(walls, 0.2), 3), "p50": round(p50, 3), "p80": round(pct(walls, 0.8), 3),
-             "peak_rss_mib": round(peak, 1),
+             "cpu_s_p50": round(statistics.median(r["cpu_s"] for r in runs), 2), "peak_pss_mib": round(peak, 1),
              "ratio_p50_vs_hta": round(hta_p50 / p50, 2) if hta_p50 else "", "git_sha": sha}
         rows.append(r)
         print(", ".join(f"{k}={v}" for k, v in r.items()), flush=True)
@@ -448,17 +456,17 @@ def run_scale(args, sha: str):
         sub = _subset_dir(d, args.hta_ranks, Path(tmp) / f"first{args.hta_ranks}")
         shape_sub = f"synthetic:{args.hta_ranks}ranks,{n_mb / args.ranks:.0f}MB/rank"
         hta_runs = [timed([sys.executable, "-c", HTA_SCALE, str(sub)], env) for _ in range(args.hta_repeats)]
-        hta_p50 = row("hta", shape_sub, [r["wall_s"] for r in hta_runs], max(r["peak_rss_mib"] for r in hta_runs))
+        hta_p50 = row("hta", shape_sub, hta_runs)
         ours_sub = [timed(ours_cmd(sub), env) for _ in range(args.repeats)]
-        row("d9d", shape_sub, [r["wall_s"] for r in ours_sub], max(r["peak_rss_mib"] for r in ours_sub), hta_p50)
+        row("d9d", shape_sub, ours_sub, hta_p50)
     shape = f"synthetic:{args.ranks}ranks,{n_mb / args.ranks:.0f}MB/rank"
     hta_full = hta_p50 * args.ranks / args.hta_ranks
     rows.append({"op": "hta_parse+7_analyses", "provider": "hta_extrapolated", "shape": shape, "dtype": "json",
                  "device": f"cpu{os.cpu_count()}", "p20": "", "p50": round(hta_full, 1), "p80": "",
-                 "peak_rss_mib": "", "ratio_p50_vs_hta": "", "git_sha": sha})
+                 "cpu_s_p50": "", "peak_pss_mib": "", "ratio_p50_vs_hta": "", "git_sha": sha})
     print(f"hta on {args.ranks} ranks, extrapolated from {args.hta_ranks}: {hta_full:.1f} s", flush=True)
     ours = [timed(ours_cmd(d), env) for _ in range(args.repeats)]
-    row("d9d", shape, [r["wall_s"] for r in ours], max(r["peak_rss_mib"] for r in ours), hta_full)
+    row("d9d", shape, ours, hta_full)
     SCALE_CSV.parent.mkdir(parents=True, exist_ok=True)
     new = not SCALE_CSV.exists()
     with open(SCALE_CSV, "a", newline="") as fh:
@@ -489,7 +497,7 @@ def plot_scale(rows):
             ax.plot([i, i], [float(lo), float(hi)], color="k", lw=1)
         ax.text(i, vals[i], f"{vals[i]:.1f} s", ha="center", va="bottom", fontsize=8)
     ax.axhline(60, color="tab:red", ls="--", lw=0.8)
-    ax.text(len(rows) - 0.5, 61, "60 s target", color="tab:red", fontsize=7, ha="right")
+    ax.text(-0.45, 63, "60 s target", color="tab:red", fontsize=7, ha="left")
     ax.set_xticks(range(len(rows)), labels, fontsize=7)
     ax.set_ylabel("wall s (p50; bar p20-p80)")
     ax.set_yscale("log")
