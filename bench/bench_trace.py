@@ -72,7 +72,7 @@ REPO = Path(__file__).resolve().parents[1]
 CSV = REPO / "bench" / "results" / "bench_trace.csv"
 SCALE_CSV = REPO / "bench" / "results" / "bench_trace_scale.csv"
 SCALE_PNG = REPO / "bench" / "results" / "bench_trace_scale.png"
-SCALE_COLUMNS = ["op", "provider", "shape", "dtype", "device", "p20", "p50", "p80", "peak_pss_mib",
+SCALE_COLUMNS = ["op", "provider", "shape", "dtype", "device", "p20", "p50", "p80", "cpu_s_p50", "peak_pss_mib",
                  "ratio_p50_vs_hta", "git_sha"]
 COLUMNS = ["op", "provider", "shape", "dtype", "device", "p20", "p50", "p80", "cpu_s_p50",
            "tracemalloc_peak_mib", "rss_growth_mib", "worker_maxrss_mib", "ratio_p50_vs_hta", "git_sha"]
@@ -270,7 +270,8 @@ class Writer:
         for layer in range(layers):  # forward
             self.coll("_allgather_base", NCCL_AG, 4_000_000)
             self.w('{"ph": "X", "cat": "python_function", "name": "nn.Module: TransformerBlock_%d", "pid": %d, '
-                   '"tid": %d, "ts": %.3f, "dur": 900.0, "args": {"Python id": %d}}' % (layer, self.pid, self.tid, self.t, layer))
+                   '"tid": %d, "ts": %.3f, "dur": 900.0, "args": {"Python id": %d}}'
+                   % (layer, self.pid, self.tid, self.t, layer))
             for name, k, d in (("aten::linear", GEMM, 180.0), ("aten::_flash_attention_forward", FLASH, 260.0),
                                ("aten::linear", GEMM, 120.0), ("aten::gelu", ELEMWISE, 40.0),
                                ("aten::linear", GEMM, 220.0), ("aten::add", ELEMWISE, 15.0)):
@@ -314,10 +315,12 @@ def write_rank(path, rank, world, steps, layers, seed=0):
                                           "computeMajor": 9, "computeMinor": 0, "numSms": 132}]}
         fh.write(json.dumps(doc_head)[:-1] + ', "traceEvents": [\n')
         w = Writer(fh, rank, world, seed * 1000 + rank)
-        w.w('{"name": "process_name", "ph": "M", "ts": %.3f, "pid": %d, "tid": 0, "args": {"name": "python"}}' % (w.t, w.pid))
+        w.w('{"name": "process_name", "ph": "M", "ts": %.3f, "pid": %d, "tid": 0, "args": {"name": "python"}}'
+            % (w.t, w.pid))
         for s in range(steps):
             w.step(100 + s, layers)
-        fh.write('\n], "traceName": "%s", "displayTimeUnit": "ms", "baseTimeNanoseconds": 1700000000000000000}\n' % Path(path).name)
+        fh.write('\n], "traceName": "%s", "displayTimeUnit": "ms", "baseTimeNanoseconds": 1700000000000000000}\n'
+                 % Path(path).name)
     os.replace(tmp, path)
     return w.n
 
