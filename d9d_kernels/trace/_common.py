@@ -4,6 +4,8 @@ selection under a step filter, kernel classification, device peak FLOP/s.
 
 from __future__ import annotations
 
+import multiprocessing as mp
+import os
 import re
 from pathlib import Path
 
@@ -66,6 +68,34 @@ def open_workload(trace_dir, workload_card_path=None, parallel: bool = True, all
         _CACHE.clear()
         _CACHE[key] = out
     return out
+
+
+# ranks from which map_ranks uses a process pool (fewer: the pool's start-up outweighs the work)
+MAP_POOL_MIN_RANKS = 8
+_MAP_STATE: tuple | None = None
+
+
+def _map_one(r):
+    fn, ranks = _MAP_STATE
+    return fn(ranks[r])
+
+
+def map_ranks(fn, ranks: dict) -> dict:
+    """``{rank: fn(rank_trace)}``; with :data:`MAP_POOL_MIN_RANKS` ranks or more and several
+    cores, in a pool of forked processes: the children inherit the parsed ranks (nothing
+    is pickled on the way in) and send back only ``fn``'s results, which must be picklable.
+    For the per-rank analyses that need no other rank (critical path, kernel sequences)."""
+    global _MAP_STATE
+    keys = list(ranks)
+    workers = min(os.cpu_count() or 1, len(keys))
+    if workers < 2 or len(keys) < MAP_POOL_MIN_RANKS or "fork" not in mp.get_all_start_methods():
+        return {r: fn(ranks[r]) for r in keys}
+    _MAP_STATE = (fn, ranks)
+    try:
+        with mp.get_context("fork").Pool(workers) as pool:
+            return dict(zip(keys, pool.map(_map_one, keys, chunksize=1)))
+    finally:
+        _MAP_STATE = None
 
 
 def card_of(wl: Workload, workload_card_path=None) -> dict:
@@ -260,7 +290,7 @@ def subset(rt: RankTrace, keep: np.ndarray) -> RankTrace:
     new_index[rows] = np.arange(rows.size)
     cols = {c: getattr(rt, c)[rows] for c in ("name_id", "cat_id", "kind", "ts", "dur", "pid", "tid",
                                               "stream", "device", "correlation", "external_id",
-                                              "is_comm")}
+                                              "is_comm", "nbytes", "mem_bw")}
     comm = {int(new_index[r]): a for r, a in rt.comm_args.items() if new_index[r] >= 0}
     return RankTrace(path=rt.path, rank=rt.rank, names=rt.names, cats=rt.cats, comm_args=comm,
                      distributed_info=rt.distributed_info, device_properties=rt.device_properties,

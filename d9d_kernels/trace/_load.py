@@ -121,6 +121,8 @@ class RankTrace:
     ``external_id`` (int64, ``args["External id"]``, -1 if absent), ``is_comm`` (bool:
     NCCL/RCCL kernel, a ``record_param_comms`` CPU op, or a backend range such as
     ``gloo:all_reduce`` / ``nccl:all_reduce``, see :data:`COMM_ANNOTATION_RE`).
+    ``nbytes`` / ``mem_bw`` (float64, NaN if absent): ``args.bytes`` and
+    ``args["memory bandwidth (GB/s)"]`` (Kineto writes them on memcpy and memset events).
     ``comm_args``: row -> dict of :data:`COLLECTIVE_ARG_KEYS` present on that event.
     ``steps``: ``(step_num, start_us, end_us)`` arrays of the CPU-side ProfilerStep#N spans.
     """
@@ -141,6 +143,8 @@ class RankTrace:
     correlation: np.ndarray
     external_id: np.ndarray
     is_comm: np.ndarray
+    nbytes: np.ndarray
+    mem_bw: np.ndarray
     comm_args: dict = field(default_factory=dict)
     distributed_info: dict | None = None
     device_properties: list | None = None
@@ -246,7 +250,7 @@ def _read_bytes(path: Path) -> bytes:
         raise TraceError(path, "file not found") from None
     except (OSError, EOFError, zlib.error) as exc:
         raise TraceError(path, f"cannot read (truncated or corrupt gzip?): {exc}") from None
-    if not data.strip():
+    if not data or data.isspace():  # isspace stops at the first other byte; strip() copies the file
         raise TraceError(path, "empty file")
     return data
 
@@ -294,6 +298,9 @@ except ImportError:  # pragma: no cover - exercised by forcing _FAST = None in t
     _msgspec = None
 
 
+_NAN = float("nan")
+
+
 def _make_fast_decoder():
     if _msgspec is None:
         return None
@@ -301,7 +308,9 @@ def _make_fast_decoder():
 
     F = _msgspec.field
     fields = [("stream", int, F(default=-1)), ("device", int, F(default=-1)),
-              ("correlation", int, F(default=-1)), ("external_id", int, F(default=-1, name="External id"))]
+              ("correlation", int, F(default=-1)), ("external_id", int, F(default=-1, name="External id")),
+              ("nbytes", float, F(default=_NAN, name="bytes")),
+              ("mem_bw", float, F(default=_NAN, name="memory bandwidth (GB/s)"))]
     coll = [(f"c{i}", Any, F(default=None, name=k)) for i, k in enumerate(COLLECTIVE_ARG_KEYS)]
     Args = _msgspec.defstruct("Args", fields + coll, gc=False)
     Ev = _msgspec.defstruct("Ev", [
@@ -362,16 +371,22 @@ def _columns_fast(path: Path, data: bytes):
         cols["device"] = list(map(get("device"), args))
         cols["corr"] = list(map(get("correlation"), args))
         cols["ext"] = list(map(get("external_id"), args))
+        cols["nbytes"] = list(map(get("nbytes"), args))
+        cols["mem_bw"] = list(map(get("mem_bw"), args))
     else:
         cols["stream"] = [a.stream if a is not None else -1 for a in args]
         cols["device"] = [a.device if a is not None else -1 for a in args]
         cols["corr"] = [a.correlation if a is not None else -1 for a in args]
         cols["ext"] = [a.external_id if a is not None else -1 for a in args]
+        cols["nbytes"] = [a.nbytes if a is not None else _NAN for a in args]
+        cols["mem_bw"] = [a.mem_bw if a is not None else _NAN for a in args]
     comm: dict = {}
     comm_names = {n for n in set(names) if n == "record_param_comms" or COMM_ANNOTATION_RE.match(n)}
+    coll = operator.attrgetter(*(attr for attr, _ in _COLL_ATTRS))  # one C call per event
+    keys = [k for _, k in _COLL_ATTRS]
     for i, (a, n) in enumerate(zip(args, names)):
         if a is not None and (a.c0 is not None or n in comm_names):
-            comm[i] = {k: getattr(a, attr) for attr, k in _COLL_ATTRS if getattr(a, attr) is not None}
+            comm[i] = {k: v for k, v in zip(keys, coll(a)) if v is not None}
     return cols, comm, bad, dist or None, devprops or None, meta
 
 
@@ -379,7 +394,7 @@ def _columns_generic(path: Path, data: bytes):
     doc = _read_json(path, data)
     events = doc.pop("traceEvents")
     names, cats, ts, dur, pid, tid = [], [], [], [], [], []
-    stream, device, corr, ext = [], [], [], []
+    stream, device, corr, ext, nbytes, mem_bw = [], [], [], [], [], []
     comm: dict = {}
     bad = 0
     row = 0
@@ -407,6 +422,8 @@ def _columns_generic(path: Path, data: bytes):
             device.append(a.get("device", -1))
             corr.append(a.get("correlation", -1))
             ext.append(a.get("External id", -1))
+            nbytes.append(a.get("bytes", _NAN))
+            mem_bw.append(a.get("memory bandwidth (GB/s)", _NAN))
             if "Collective name" in a or name == "record_param_comms" or (
                     ":" in name and COMM_ANNOTATION_RE.match(name)):
                 comm[row] = {k: a[k] for k in COLLECTIVE_ARG_KEYS if k in a}
@@ -415,11 +432,14 @@ def _columns_generic(path: Path, data: bytes):
             device.append(-1)
             corr.append(-1)
             ext.append(-1)
+            nbytes.append(_NAN)
+            mem_bw.append(_NAN)
         row += 1
     del events
     meta = {k: v for k, v in doc.items() if k not in ("distributedInfo", "deviceProperties")}
     cols = {"names": names, "cats": cats, "ts": ts, "dur": dur, "pid": pid, "tid": tid,
-            "stream": stream, "device": device, "corr": corr, "ext": ext}
+            "stream": stream, "device": device, "corr": corr, "ext": ext,
+            "nbytes": nbytes, "mem_bw": mem_bw}
     return cols, comm, bad, doc.get("distributedInfo") or None, doc.get("deviceProperties") or None, meta
 
 
@@ -458,6 +478,19 @@ def load_rank(path, rank: int | None = None, fast: bool | None = None) -> RankTr
         index = {v: i for i, v in enumerate(uniq)}
         return uniq, np.fromiter(map(index.__getitem__, col), dtype=np.int32, count=len(col))
 
+    def floats(col):
+        try:
+            return np.asarray(col, dtype=np.float64)
+        except (TypeError, ValueError):
+            pass
+        out = np.full(len(col), np.nan)
+        for i, v in enumerate(col):
+            try:
+                out[i] = float(v)
+            except (TypeError, ValueError):
+                pass
+        return out
+
     name_list, name_id = intern(cols["names"])
     cat_list, cat_id = intern(cols["cats"])
     cat_kind = np.asarray([_CAT_KIND.get(str(c).lower(), KIND_OTHER) for c in cat_list],
@@ -481,7 +514,8 @@ def load_rank(path, rank: int | None = None, fast: bool | None = None) -> RankTr
         ts=np.asarray(cols["ts"], dtype=np.float64), dur=np.asarray(cols["dur"], dtype=np.float64),
         pid=ints(cols["pid"]), tid=ints(cols["tid"]), stream=ints(cols["stream"]),
         device=ints(cols["device"]), correlation=ints(cols["corr"]), external_id=ints(cols["ext"]),
-        is_comm=is_comm, comm_args=comm_rows, distributed_info=dist,
+        is_comm=is_comm, nbytes=floats(cols["nbytes"]), mem_bw=floats(cols["mem_bw"]),
+        comm_args=comm_rows, distributed_info=dist,
         device_properties=devprops, metadata=meta,
     )
 

@@ -4,7 +4,8 @@
 ``(path, {rank: metric})``; ``text_report`` renders every tool as a table
 (ranks as columns; min/median/max columns beyond 8 ranks); ``html_report``
 renders the same tables plus charts (per-rank step time, time breakdown,
-communication bandwidth, memory, kernel classes) as base64 PNGs made with
+communication bandwidth, memory, kernel classes, launch queue length, memcpy/memset
+bandwidth) as base64 PNGs made with
 matplotlib's Agg backend — no scripts, stylesheets or images are fetched,
 so the file opens offline.
 """
@@ -335,9 +336,28 @@ def _chart_queue(results, plt):
     return fig
 
 
+def _chart_memory_bw(results, plt):
+    rs = [(r, d) for r, d in _ranks(results.get("counters"))
+          if any(v.get("series", {}).get("ts_us") for v in (d.get("memory_bw") or {}).values())]
+    if not rs:
+        return None
+    rank, d = rs[0]
+    kinds = [(k, v["series"]) for k, v in d["memory_bw"].items() if v.get("series", {}).get("ts_us")]
+    fig, ax = plt.subplots(figsize=(9, 3.0))
+    t0 = min(s["ts_us"][0] for _, s in kinds)
+    for k, s in kinds:
+        ax.step([(t - t0) / 1e3 for t in s["ts_us"]], s["gbps"], where="post", label=k, lw=0.8)
+    ax.set_xlabel("ms since the first memory operation")
+    ax.set_ylabel("GB/s")
+    ax.set_title(f"Memcpy / memset bandwidth in use per kind ({rank}; counters tool)")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    return fig
+
+
 CHARTS = (("Per-rank step time", _chart_step_time), ("Time breakdown", _chart_breakdown),
           ("Communication bandwidth", _chart_comm), ("Memory", _chart_memory),
-          ("Kernel classes", _chart_kernels), ("Queue length", _chart_queue))
+          ("Kernel classes", _chart_kernels), ("Queue length", _chart_queue),
+          ("Memory bandwidth", _chart_memory_bw))
 
 
 def charts(results: dict[str, dict]) -> list[tuple[str, str | None, str | None]]:

@@ -48,3 +48,40 @@ def test_stream_order_binds(tmp_path):
     assert r["path_time"]["value"] == 100
     assert r["gpu_time"]["value"] == 90 and r["cpu_time"]["value"] == 1 and r["gap_time"]["value"] == 9
     assert r["gpu_pct"]["value"] == pytest.approx(90)
+
+
+def test_interval_queries_match_scans():
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    ts = rng.integers(0, 500, 400).astype(float)
+    end = ts + rng.choice([0.0, 1.0, 7.0, 50.0, 300.0], 400)
+    rows = np.sort(rng.choice(400, 250, replace=False))
+    by_end, by_start = critical_path._ByEnd(rows, end), critical_path._ByStart(rows, ts, end)
+    for x in np.r_[np.arange(-1.0, 900.0, 3.5), ts[:50], end[:50]]:
+        prev = rows[end[rows] <= x]  # latest end <= x, first row among equal ends
+        want = (int(prev[np.argmax(end[prev])]), float(end[prev].max())) if prev.size else None
+        assert by_end.last_le(x) == want
+        lt = end[rows][end[rows] < x]
+        assert by_end.max_lt(x) == (lt.max() if lt.size else -np.inf)
+        enc = rows[(ts[rows] < x) & (end[rows] >= x)]  # innermost enclosing: latest start, first row
+        assert by_start.enclosing(x) == (int(enc[np.argmax(ts[enc])]) if enc.size else None)
+
+
+def test_pool_over_ranks_equals_serial(tmp_path, monkeypatch):
+    from d9d_kernels.trace import _common, sequences
+
+    for r in range(8):
+        t = SynthTrace(rank=r, world_size=8)
+        t.step(1, 0, 300)
+        for i in range(4):
+            _ev(t, "aten::linear", 10 + 60 * i, 50)
+            t.kernel(f"k{i % 2}", 100 + 40 * i + r, 30, launch_ts=20 + 60 * i)
+        t.write(tmp_path / f"rank{r}_trace.json")
+    pooled = [critical_path.metric_cal(tmp_path), sequences.metric_cal(tmp_path, min_pattern_len=1)]
+    monkeypatch.setattr(_common, "MAP_POOL_MIN_RANKS", 1 << 30)
+    _common._CACHE.clear()
+    _common._STEPS_CACHE.clear()
+    serial = [critical_path.metric_cal(tmp_path), sequences.metric_cal(tmp_path, min_pattern_len=1)]
+    assert len(pooled[0]["ranks"]) == 8 and pooled[0]["ranks"]["rank7"]["steps"]["step1"]["gpu_time"]["value"] > 0
+    assert pooled == serial

@@ -116,7 +116,7 @@ def test_msgspec_and_stdlib_paths_agree():
     for f in files:
         a, b = load_rank(f, fast=True), load_rank(f, fast=False)
         for col in ("name_id", "cat_id", "kind", "ts", "dur", "pid", "tid", "stream", "device",
-                    "correlation", "external_id", "is_comm"):
+                    "correlation", "external_id", "is_comm", "nbytes", "mem_bw"):
             np.testing.assert_array_equal(getattr(a, col), getattr(b, col), err_msg=f"{f}: {col}")
         assert a.names == b.names and a.cats == b.cats and a.comm_args == b.comm_args
         assert a.distributed_info == b.distributed_info and a.device_properties == b.device_properties

@@ -47,3 +47,44 @@ def test_default_roots_are_outermost_ops(tmp_path):
     pats = {v["pattern"]: v["count"]["value"] for v in r["patterns"].values()}
     assert pats == {"aten::linear|gemm|bias|act": 3, "aten::linear|gemm|act|bias": 1,
                     "aten::conv2d|conv|relu|add": 1}
+
+
+def _stack_tree(rt):
+    """Readable reference: per thread, a stack of the events still open."""
+    import numpy as np
+
+    parent, depth = {}, {}
+    rows = [i for i in range(len(rt)) if not rt.gpu_mask[i] and rt.stream[i] < 0]
+    rows.sort(key=lambda i: (rt.pid[i], rt.tid[i], rt.ts[i], -rt.dur[i], i))
+    stack, key = [], None
+    for i in rows:
+        if (rt.pid[i], rt.tid[i]) != key:
+            stack, key = [], (rt.pid[i], rt.tid[i])
+        while stack and rt.ts[i] >= rt.ts[stack[-1]] + rt.dur[stack[-1]]:
+            stack.pop()
+        parent[i], depth[i] = (stack[-1] if stack else -1), len(stack)
+        stack.append(i)
+    n = len(rt)
+    return (np.array([parent.get(i, -1) for i in range(n)]), np.array([depth.get(i, -1) for i in range(n)]))
+
+
+def test_call_tree_matches_a_stack(tmp_path):
+    import random
+
+    import numpy as np
+
+    from d9d_kernels.trace._load import load_rank
+
+    rng = random.Random(0)
+    t = SynthTrace()
+    for tid in (1, 2):
+        for _ in range(300):  # nested, disjoint, equal-start and partly overlapping ranges
+            ts = rng.randrange(0, 2000, 5)
+            t.cpu(f"op{rng.randrange(5)}", ts, rng.choice((0, 1, 5, 20, 100, 400)), tid=tid)
+    t.kernel("k", 10, 5)
+    rt = load_rank(t.write(tmp_path / "rank0_trace.json"))
+    parent, depth = sequences.call_tree(rt)
+    ref_parent, ref_depth = _stack_tree(rt)
+    np.testing.assert_array_equal(parent, ref_parent)
+    np.testing.assert_array_equal(depth, ref_depth)
+    assert depth.max() >= 3
