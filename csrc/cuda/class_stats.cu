@@ -46,6 +46,22 @@ struct Out {
   double* bad;
 };
 
+// The counts of one pick of a valid row (class j at rank rk): predicted, for
+// every k of top_ks (lane < K) whose top-k holds rank rk.
+__device__ inline void count_pick(const TopKs& ks, int K, int lane, int rk, int64_t j, int64_t C, double* stats) {
+  if (lane < K && rk < ks.k[lane]) atomicAdd(stats + stats_pred(lane, j, C), 1.0);
+}
+
+// The target's counts of a valid row: a hit where its rank is within k, and the target count.
+__device__ inline void count_target(const TopKs& ks, int K, int lane, int rank_t, int64_t t, int64_t C,
+                                    double* stats) {
+  if (lane < K) {
+    if (rank_t < ks.k[lane]) atomicAdd(stats + stats_tp(lane, t, C), 1.0);
+    atomicAdd(stats + stats_target(lane, t, C), 1.0);
+  }
+}
+
+
 __global__ void indices_kernel(Rows r, const int64_t* preds, int64_t sp, Out o, bool shared_hist) {
   extern __shared__ double sh[];
   const int64_t C = r.C;
@@ -148,12 +164,9 @@ __global__ void scores_kernel(Rows r, const T* preds, int64_t row_stride, TopKs 
         warp_pick(bs, bj);
       }
       if (bj == t) rank_t = rk;
-      if (lane < K && rk < top_ks.k[lane]) atomicAdd(o.stats + stats_pred(lane, bj, C), 1.0);
+      count_pick(top_ks, K, lane, rk, bj, C, o.stats);
     }
-    if (lane < K) {
-      if (rank_t < top_ks.k[lane]) atomicAdd(o.stats + stats_tp(lane, t, C), 1.0);
-      atomicAdd(o.stats + stats_target(lane, t, C), 1.0);
-    }
+    count_target(top_ks, K, lane, rank_t, t, C, o.stats);
     if (lane == 0) {
       if (o.confmat) atomicAdd(o.confmat + t * C + argmax, 1.0);
       atomicAdd(o.extras, 1.0);
@@ -334,12 +347,9 @@ __global__ void __launch_bounds__(kThreads) scores_warp_kernel(Rows r, const T* 
       warp_best(s, j);
       if (tk.j[0] == j) tk.pop();
       if (j == t) rank_t = rk;
-      if (lane < K && rk < top_ks.k[lane]) atomicAdd(o.stats + stats_pred(lane, j, C), 1.0);
+      count_pick(top_ks, K, lane, rk, j, C, o.stats);
     }
-    if (lane < K) {
-      if (rank_t < top_ks.k[lane]) atomicAdd(o.stats + stats_tp(lane, t, C), 1.0);
-      atomicAdd(o.stats + stats_target(lane, t, C), 1.0);
-    }
+    count_target(top_ks, K, lane, rank_t, t, C, o.stats);
     if (lane == 0) {
       if (o.confmat) atomicAdd(o.confmat + t * C + bj, 1.0);
       rc.rows += 1;
@@ -415,15 +425,12 @@ __global__ void __launch_bounds__(kThreads) scores_block_kernel(Rows r, const T*
         }
         if (mine == j) ++h;
         if (j == t) rank_t = rk;
-        if (lane < K && rk < top_ks.k[lane]) atomicAdd(o.stats + stats_pred(lane, j, C), 1.0);
+        count_pick(top_ks, K, lane, rk, j, C, o.stats);
       }
       if (!ok || best == -INFINITY) {
         rc.bad += lane == 0;
       } else {
-        if (lane < K) {
-          if (rank_t < top_ks.k[lane]) atomicAdd(o.stats + stats_tp(lane, t, C), 1.0);
-          atomicAdd(o.stats + stats_target(lane, t, C), 1.0);
-        }
+        count_target(top_ks, K, lane, rank_t, t, C, o.stats);
         if (lane == 0) {
           if (o.confmat) atomicAdd(o.confmat + t * C + argmax, 1.0);
           rc.rows += 1;

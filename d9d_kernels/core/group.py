@@ -32,6 +32,19 @@ from d9d_kernels.core.storage import Layout, Storage
 __all__ = ["MetricGroup"]
 
 
+
+#: The fused compute of a group, ``(values(group), to_host(group, keys))``:
+#: one pass per formula family. The formulas are the catalogue's, so the
+#: catalogue registers it (d9d_kernels/metrics/formulas/fused.py) and the
+#: core only calls it; without it a group computes member by member.
+_FUSED = None
+
+
+def register_fused_compute(values, to_host) -> None:
+    """Installs the fused compute (called once by the catalogue at import)."""
+    global _FUSED
+    _FUSED = (values, to_host)
+
 class MetricGroup(_GroupBase):
     """A ``Metric`` holding named members in one packed storage.
 
@@ -227,10 +240,10 @@ class MetricGroup(_GroupBase):
         """``{key: tensor}`` (synced after ``wait_sync``, else local); keys
         are the member names with prefix/postfix."""
         self._warn_unsynced()
-        from d9d_kernels.metrics.formulas.fused import fused_values  # one pass per formula family
-
         keys = self._keys
-        return {keys[n]: v for n, v in fused_values(self).items()}
+        if _FUSED is None:  # no catalogue formulas registered: member by member
+            return {keys[n]: m.compute() for n, m in self._members.items()}
+        return {keys[n]: v for n, v in _FUSED[0](self).items()}
 
     def bad_input_counts(self) -> dict[str, dict[str, int]]:
         """``{key: member.bad_input_counts()}`` for members that count bad inputs."""
@@ -262,10 +275,10 @@ class MetricGroup(_GroupBase):
     def compute_to_host(self) -> HostValues:
         """All members' values in ONE non-blocking device->host copy;
         ``.result()`` -> ``{name: float}``."""
+        if _FUSED is None:
+            return super().compute_to_host()
         self._warn_unsynced()
-        from d9d_kernels.metrics.formulas.fused import fused_compute_to_host
-
-        return fused_compute_to_host(self, self._keys)
+        return _FUSED[1](self, self._keys)
 
     def __repr__(self) -> str:
         inner = ",\n".join(f"    {n!r}: {m!r}" for n, m in self._members.items())

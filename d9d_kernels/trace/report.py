@@ -317,6 +317,19 @@ def _chart_kernels(results, plt):
     return fig
 
 
+def _step_chart(plt, series: list, y: str, xlabel: str, ylabel: str, title: str):
+    """Step lines of ``[(label, {"ts_us": [...], y: [...]})]`` against ms since the first point."""
+    fig, ax = plt.subplots(figsize=(9, 3.0))
+    t0 = min(s["ts_us"][0] for _, s in series)
+    for k, s in series:
+        ax.step([(t - t0) / 1e3 for t in s["ts_us"]], s[y], where="post", label=k, lw=0.8)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    return fig
+
+
 def _chart_queue(results, plt):
     rs = _ranks(results.get("counters"))
     if not rs:
@@ -325,15 +338,8 @@ def _chart_queue(results, plt):
     streams = [(k, v["series"]) for k, v in (d.get("streams") or {}).items() if v.get("series", {}).get("ts_us")]
     if not streams:
         return None
-    fig, ax = plt.subplots(figsize=(9, 3.0))
-    t0 = min(s["ts_us"][0] for _, s in streams)
-    for k, s in streams:
-        ax.step([(t - t0) / 1e3 for t in s["ts_us"]], s["queue_length"], where="post", label=k, lw=0.8)
-    ax.set_xlabel("ms since the first launch")
-    ax.set_ylabel("queued operations")
-    ax.set_title(f"Launch queue length per stream ({rank}; counters tool)")
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    return fig
+    return _step_chart(plt, streams, "queue_length", "ms since the first launch", "queued operations",
+                       f"Launch queue length per stream ({rank}; counters tool)")
 
 
 def _chart_memory_bw(results, plt):
@@ -343,15 +349,8 @@ def _chart_memory_bw(results, plt):
         return None
     rank, d = rs[0]
     kinds = [(k, v["series"]) for k, v in d["memory_bw"].items() if v.get("series", {}).get("ts_us")]
-    fig, ax = plt.subplots(figsize=(9, 3.0))
-    t0 = min(s["ts_us"][0] for _, s in kinds)
-    for k, s in kinds:
-        ax.step([(t - t0) / 1e3 for t in s["ts_us"]], s["gbps"], where="post", label=k, lw=0.8)
-    ax.set_xlabel("ms since the first memory operation")
-    ax.set_ylabel("GB/s")
-    ax.set_title(f"Memcpy / memset bandwidth in use per kind ({rank}; counters tool)")
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    return fig
+    return _step_chart(plt, kinds, "gbps", "ms since the first memory operation", "GB/s",
+                       f"Memcpy / memset bandwidth in use per kind ({rank}; counters tool)")
 
 
 CHARTS = (("Per-rank step time", _chart_step_time), ("Time breakdown", _chart_breakdown),

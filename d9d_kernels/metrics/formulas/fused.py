@@ -26,6 +26,7 @@ import math
 
 import torch
 
+from d9d_kernels.core import group
 from d9d_kernels.core.statistic import MAX, REPLICA, SUM
 from d9d_kernels.metrics.aggregation import MaxMetric, MinMetric, SumMetric, WeightedMeanMetric
 from d9d_kernels.metrics.classification import _Classification
@@ -352,3 +353,6 @@ def fused_compute_to_host(group, keys: dict):
     packed = torch.cat(parts).index_select(0, perm) if parts else torch.zeros(0, dtype=torch.float64)
     host, event = copy_to_host(packed)
     return HostValues(host, [keys[n] for n in names], shapes, checks, event, single=False)
+
+
+group.register_fused_compute(fused_values, fused_compute_to_host)
