@@ -51,6 +51,20 @@ def add_lse_nll(state, preds, target, mask, lse, ignore_index, count_rows: bool)
     state["extras"][1] += nll
 
 
+_NO_STATS: dict = {}
+
+
+def _no_stats(V: int, device: torch.device) -> torch.Tensor:
+    """The empty ``stats [0, 3, V]`` of an NLL-only call, made once per (V, device)
+    (a fresh one while torch.compile traces: a cached tensor must not leak into a graph)."""
+    if torch.compiler.is_compiling():
+        return torch.empty((0, 3, V), dtype=torch.float64, device=device)
+    t = _NO_STATS.get((V, device))
+    if t is None:
+        t = _NO_STATS[(V, device)] = torch.empty((0, 3, V), dtype=torch.float64, device=device)
+    return t
+
+
 @statistic
 class NLLStatistic(CountsNonfinite):
     """Valid tokens + summed NLL of one ``class_stats`` call, for any vocabulary size."""
@@ -73,9 +87,8 @@ class NLLStatistic(CountsNonfinite):
         else:
             V = preds.shape[-1]
             # no top_ks: the kernel counts only extras and bad; stats [0, 3, V] holds no bytes
-            no_stats = preds.new_empty((0, 3, V), dtype=torch.float64)
-            ops.class_stats(preds, target, mask, num_classes=V, stats=no_stats, extras=state["extras"],
-                            bad=state["bad"], ignore_index=self.ignore_index, top_ks=(), nll=True)
+            ops.class_stats(preds, target, mask, num_classes=V, stats=_no_stats(V, preds.device),
+                            extras=state["extras"], bad=state["bad"], ignore_index=self.ignore_index, top_ks=(), nll=True)
         self.add_nonfinite(state, preds, target, mask, target.dim(), class_rows=True)
 
 

@@ -116,3 +116,18 @@ def test_counter_sees_an_allocating_update():
 
     m = Allocating()
     assert len(_allocations(lambda: m.update(I["x"]))) >= CALLS
+
+
+def test_nonfinite_rows_need_no_logits_sized_temporary():
+    """Counting non-finite score rows (nan_strategy="ignore") reads the row max:
+    nothing as large as a bool copy of the logits is allocated per update."""
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(32, 20000, generator=g).to(torch.bfloat16)
+    x[3, 5], x[4] = float("nan"), float("-inf")
+    t = torch.randint(0, 20000, (32,), generator=g)
+    m = dk.Perplexity(nan_strategy="ignore")
+    allocs = _allocations(lambda: m.update(x, t))
+    assert max(allocs, default=0) < x.numel(), max(allocs)
+    want = dk.Perplexity(nan_strategy="ignore")
+    want.update(x[[i for i in range(32) if i not in (3, 4)]], t[[i for i in range(32) if i not in (3, 4)]])
+    torch.testing.assert_close(m.compute(), want.compute())
