@@ -14,7 +14,6 @@ from __future__ import annotations
 import torch
 
 from d9d_kernels import ops
-from d9d_kernels.ops._dispatch import pick
 from d9d_kernels.core.statistic import SUM, Slot, either, param, statistic, union
 from d9d_kernels.metrics.nonfinite import CountsNonfinite, nonfinite_rows
 from d9d_kernels.metrics.vocab_parallel import add_vocab_class_stats
@@ -178,7 +177,7 @@ class ClassStatistic(CountsNonfinite):
     def compile_step(self, sample: dict, state: dict):
         """``bind``'s raw op call as a ``d9d_kernels.core.compiled.OpStep``
         (compiled C++/CUDA backend only)."""
-        if not self._direct(sample) or pick("class_stats", state["stats"].device, None) not in ("cpp", "cuda"):
+        if not self._direct(sample) or ops.backend_for("class_stats", state["stats"].device, None) not in ("cpp", "cuda"):
             return None
         from d9d_kernels.core.compiled import OpStep
 

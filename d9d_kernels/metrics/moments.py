@@ -19,7 +19,6 @@ from __future__ import annotations
 import torch
 
 from d9d_kernels import ops
-from d9d_kernels.ops._dispatch import pick
 from d9d_kernels.core.statistic import MAX, REPLICA, SUM, Slot, Statistic, param, statistic
 from d9d_kernels.reference import MOMENTS_SIZE
 
@@ -220,11 +219,11 @@ class MomentsStatistic(Shareable):
         w = sample.get("weights")
         consts = dict(skip_bad=self.skip_bad, state=state["moments"], bad=state["bad"], pivot=state["pivot"])
         if self._numbers(sample):
-            if pick("weighted_moments", state["moments"].device, None) not in ("cpp", "cuda"):
+            if ops.backend_for("weighted_moments", state["moments"].device, None) not in ("cpp", "cuda"):
                 return None
             inputs = {"x": ("fill1", "x"), "weights": ("fill1", "weights")}
             consts.update(y=None, mask=None)
-        elif self._direct(sample) and pick("weighted_moments", sample["x"].device, None) in ("cpp", "cuda"):
+        elif self._direct(sample) and ops.backend_for("weighted_moments", sample["x"].device, None) in ("cpp", "cuda"):
             inputs = {"x": ("flat", "x"), "y": ("flat", "y"), "mask": ("flat", "mask"),
                       "weights": ("flat", "weights") if w is None or isinstance(w, torch.Tensor)
                       else ("fill_like", "weights", "x")}
@@ -291,7 +290,7 @@ class ExtremaStatistic(Shareable):
             inputs = {"x": ("flat", "x"), "mask": ("flat", "mask")}
         else:
             return None
-        if pick("running_extrema", state["extrema"].device, None) not in ("cpp", "cuda"):
+        if ops.backend_for("running_extrema", state["extrema"].device, None) not in ("cpp", "cuda"):
             return None
         return OpStep("running_extrema", inputs, dict(skip_bad=self.skip_bad, state=state["extrema"], bad=state["bad"]))
 

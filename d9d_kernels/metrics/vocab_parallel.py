@@ -37,7 +37,8 @@ from typing import Any
 
 import torch
 
-from d9d_kernels import _extension
+from d9d_kernels import ops
+from d9d_kernels.ops.row_sum_exp import row_sum_exp_ok
 from d9d_kernels.distributed import DistributedContext, as_context
 
 __all__ = ["VocabShard", "VocabSplit", "resolve", "vocab_rows", "add_vocab_class_stats"]
@@ -173,7 +174,7 @@ def _local_partials(x: torch.Tensor, t: torch.Tensor, start: int, kmax: int, sum
     acc = torch.float64 if x.dtype == torch.float64 else torch.float32  # exact for bf16 / fp16 / fp32 scores
     P = 2 + int(sumexp) + 2 * kmax
     out = torch.empty(n, P, dtype=torch.float64, device=x.device)
-    if scratch is None and ((sumexp and not _row_sum_exp_ok(x)) or x.dtype != acc):
+    if scratch is None and ((sumexp and not row_sum_exp_ok(x)) or x.dtype != acc):
         scratch = torch.empty(n, size, dtype=acc, device=x.device)
     # bf16 / fp16 scores: converted once and reduced in float32 (the copy plus
     # float32 block maxima cost half the bfloat16 block maxima); the exp pass
@@ -196,22 +197,9 @@ def _local_partials(x: torch.Tensor, t: torch.Tensor, start: int, kmax: int, sum
         _local_topk(xr, bmax, kmax, start, out[:, c : c + kmax], out[:, c + kmax :])
     if sumexp:
         ms = torch.where(torch.isfinite(m), m, 0)
-        if _row_sum_exp_ok(x):  # one vectorised pass over the shard's own dtype
-            se = torch.empty(n, dtype=torch.float64, device=x.device)
-            torch.ops.d9d_kernels.row_sum_exp(x, ms.to(torch.float32), se)
-            out[:, 2] = se
-        else:
-            out[:, 2] = torch.sub(xr, ms[:, None], out=scratch).exp_().sum(1)
+        se = ops.row_sum_exp(x, ms)  # one vectorised pass over the shard's own dtype, where compiled
+        out[:, 2] = se if se is not None else torch.sub(xr, ms[:, None], out=scratch).exp_().sum(1)
     return out
-
-
-_HAS_ROW_SUM_EXP = _extension.CPP_ERROR is None and _extension._has_kernel("row_sum_exp", "CPU")
-
-
-def _row_sum_exp_ok(x: torch.Tensor) -> bool:
-    """The compiled CPU row pass serves ``x`` (<= 32-bit scores, contiguous rows)."""
-    return (_HAS_ROW_SUM_EXP and x.device.type == "cpu" and x.dtype in (torch.float32, torch.float16, torch.bfloat16)
-            and (x.shape[1] <= 1 or x.stride(1) == 1) and not torch.compiler.is_compiling())
 
 
 def _rank_key(v: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
@@ -280,7 +268,7 @@ def vocab_rows(x: torch.Tensor, t: torch.Tensor, split: VocabSplit, kmax: int, s
     buf = torch.empty(n, P, dtype=torch.float64, device=x.device)
     step = max(1, CHUNK_SCORES // max(1, x.shape[1]))
     acc = torch.float64 if x.dtype == torch.float64 else torch.float32
-    need = (sumexp and not _row_sum_exp_ok(x)) or x.dtype != acc
+    need = (sumexp and not row_sum_exp_ok(x)) or x.dtype != acc
     scratch = torch.empty(min(step, n), x.shape[1], dtype=acc, device=x.device) if need else None
     for i in range(0, n, step):
         rows = min(step, n - i)

@@ -7,8 +7,10 @@ nothing. ``backends()`` lists what can run here; ``backend=`` or the
 Besides the checked wrappers (one per op), the op layer exports what the
 metric catalogue builds on: ``raw(op, device)`` (the unchecked
 implementation a wrapper would run, with or without the compiled
-extension), ``FLOATS`` (the floating dtypes the kernels read), ``OPS``,
-``BACKENDS`` and ``as_index`` (class indices from any real tensor).
+extension), ``backend_for(op, device)`` (which backend a call would take),
+``FLOATS`` (the floating dtypes the kernels read), ``OPS``, ``BACKENDS``,
+``as_index`` (class indices from any real tensor) and ``row_sum_exp`` (the
+compiled per-row sum of exp behind the vocab-parallel partials).
 """
 
 import torch
@@ -17,9 +19,10 @@ from d9d_kernels._extension import OPS
 from d9d_kernels.ops import _fake  # noqa: F401  (register_fake of the compiled ops)
 from d9d_kernels.ops._common import FLOATS
 from d9d_kernels.ops._common import as_index as _as_index
-from d9d_kernels.ops._dispatch import BACKENDS, backends, raw
+from d9d_kernels.ops._dispatch import BACKENDS, backends, pick, raw
 from d9d_kernels.ops.binary_stats import binary_stats
 from d9d_kernels.ops.class_stats import class_stats
+from d9d_kernels.ops.row_sum_exp import row_sum_exp
 from d9d_kernels.ops.running_extrema import running_extrema
 from d9d_kernels.ops.score_histogram import score_histogram
 from d9d_kernels.ops.weighted_moments import weighted_moments
@@ -32,7 +35,13 @@ def as_index(t, op: str = "class_stats", arg: str = "preds"):
     return _as_index(op, arg, t, t.device if isinstance(t, torch.Tensor) else torch.device("cpu"))
 
 
+def backend_for(op: str, device: torch.device, backend: str | None = None) -> str:
+    """The backend (one of ``BACKENDS``) that runs ``op`` on ``device``, with
+    ``backend=`` / ``D9D_KERNELS_BACKEND`` honoured; raises if a forced one can't."""
+    return pick(op, torch.device(device), backend)
+
+
 __all__ = [
-    "backends", "raw", "as_index", "FLOATS", "OPS", "BACKENDS",
+    "backends", "backend_for", "raw", "as_index", "row_sum_exp", "FLOATS", "OPS", "BACKENDS",
     "weighted_moments", "class_stats", "binary_stats", "score_histogram", "running_extrema",
 ]

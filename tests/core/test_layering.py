@@ -39,3 +39,14 @@ def test_core_runs_without_the_catalogue():
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     r = subprocess.run([sys.executable, "-c", CODE], env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-3000:]
+
+
+def test_catalogue_uses_only_the_public_op_layer():
+    """metrics/* reach kernels through d9d_kernels.ops' public names, never
+    its private modules or torch.ops.d9d_kernels directly."""
+    bad = []
+    for path in sorted((ROOT / "d9d_kernels" / "metrics").rglob("*.py")):
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            if "torch.ops.d9d_kernels" in line or "d9d_kernels.ops._" in line or "_extension" in line:
+                bad.append(f"{path.relative_to(ROOT)}:{n}: {line.strip()}")
+    assert not bad, "\n".join(bad)
