@@ -370,6 +370,17 @@ print("RESULT " + json.dumps({"parse_s": t1 - t0, "wall_s": time.perf_counter() 
 """
 
 
+def append_csv(path: Path, columns: list, rows: list[dict]) -> None:
+    """Appends ``rows`` to ``path`` (a header first when the file is new): runs accumulate."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    new = not path.exists()
+    with open(path, "a", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=columns)
+        if new:
+            w.writeheader()
+        w.writerows(rows)
+
+
 def _tree_pss_mib(pid: int) -> float:
     """Proportional set size summed over ``pid`` and its descendants (MiB): pages shared
     by forked workers count once in the sum, where RSS would count them in every process.
@@ -470,13 +481,7 @@ def run_scale(args, sha: str):
     print(f"hta on {args.ranks} ranks, extrapolated from {args.hta_ranks}: {hta_full:.1f} s", flush=True)
     ours = [timed(ours_cmd(d), env) for _ in range(args.repeats)]
     row("d9d", shape, ours, hta_full)
-    SCALE_CSV.parent.mkdir(parents=True, exist_ok=True)
-    new = not SCALE_CSV.exists()
-    with open(SCALE_CSV, "a", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=SCALE_COLUMNS)
-        if new:
-            w.writeheader()
-        w.writerows(rows)
+    append_csv(SCALE_CSV, SCALE_COLUMNS, rows)
     plot_scale(rows)
 
 
@@ -570,13 +575,7 @@ def main():
                 }
                 rows.append(row)
                 print(", ".join(f"{k}={v}" for k, v in row.items()), flush=True)
-    CSV.parent.mkdir(parents=True, exist_ok=True)
-    new = not CSV.exists()
-    with open(CSV, "a", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=COLUMNS)
-        if new:
-            w.writeheader()
-        w.writerows(rows)
+    append_csv(CSV, COLUMNS, rows)
 
 
 if __name__ == "__main__":
