@@ -32,7 +32,6 @@ from d9d_kernels.core.storage import Layout, Storage
 __all__ = ["MetricGroup"]
 
 
-
 #: The fused compute of a group, ``(values(group), to_host(group, keys))``:
 #: one pass per formula family. The formulas are the catalogue's, so the
 #: catalogue registers it (d9d_kernels/metrics/formulas/fused.py) and the
@@ -44,6 +43,7 @@ def register_fused_compute(values, to_host) -> None:
     """Installs the fused compute (called once by the catalogue at import)."""
     global _FUSED
     _FUSED = (values, to_host)
+
 
 class MetricGroup(_GroupBase):
     """A ``Metric`` holding named members in one packed storage.
@@ -171,11 +171,11 @@ class MetricGroup(_GroupBase):
         member's checks passed."""
         if args:
             inputs = self._name_positional(args, inputs)
-        self._storage.run(self._items(self._collect(inputs)))
+        self._storage.run(self._items(self._collect(inputs, self._targets(frozenset(inputs)))))
 
-    def _collect(self, inputs: dict) -> list:
-        """Every routed member's checks (nothing written): ``[(member, prepared statistic kwargs)]``."""
-        targets = self._targets(frozenset(inputs))
+    def _collect(self, inputs: dict, targets: list) -> list:
+        """The checks of the members ``inputs`` are routed to (``targets``), nothing
+        written: ``[(member, prepared statistic kwargs)]``."""
         if not targets:
             raise ValueError(f"MetricGroup.update: no member's update takes the inputs {sorted(inputs)}")
         collected: list = []
@@ -213,7 +213,7 @@ class MetricGroup(_GroupBase):
         targets = self._targets(frozenset(inputs))
         if any(m._forward_on_state for m in targets):
             # every member's checks first; their updates run on the state after the scratch fold
-            collected = self._collect(inputs)
+            collected = self._collect(inputs, targets)
             scratch = self._items([(m, p) for m, p in collected if not m._forward_on_state])
             on_state = self._items([(m, p) for m, p in collected if m._forward_on_state])
             run = lambda: st.run(scratch)  # noqa: E731
