@@ -33,6 +33,11 @@ TORCH_LIBRARY(d9d_kernels, m) {
       "score_histogram(Tensor preds, Tensor target, Tensor? mask, int? ignore_index, int input_kind, "
       "bool multiclass, Tensor(a!) hist, Tensor(b!) bad) -> ()");
   m.def("running_extrema(Tensor x, Tensor? mask, bool skip_bad, Tensor(a!) state, Tensor(b!) bad) -> ()");
+  // The values of a group's metrics from its packed buffers, one program row per
+  // metric (the fused compute, d9d_kernels/metrics/formulas/fused.py).
+  m.def(
+      "group_values(Tensor sum, Tensor max, Tensor replica, Tensor program, Tensor beta, "
+      "Tensor(a!) out) -> ()");
   // Internal (CPU only, not in d9d_kernels._extension.OPS): the per-row sum of
   // exp of the vocab-parallel partials, csrc/cpu/row_sum_exp.cpp.
   m.def("row_sum_exp(Tensor x, Tensor row_max, Tensor(a!) out) -> ()");

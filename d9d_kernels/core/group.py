@@ -26,23 +26,19 @@ from typing import Iterator
 
 import torch
 
-from d9d_kernels.core.metric import HostValues, Metric, _GroupBase, detach_from, positional_names, routed_error, update_signature
+from d9d_kernels.core.metric import (
+    FUSED,
+    HostValues,
+    Metric,
+    _GroupBase,
+    detach_from,
+    positional_names,
+    routed_error,
+    update_signature,
+)
 from d9d_kernels.core.storage import Layout, Storage
 
 __all__ = ["MetricGroup"]
-
-
-#: The fused compute of a group, ``(values(group), to_host(group, keys))``:
-#: one pass per formula family. The formulas are the catalogue's, so the
-#: catalogue registers it (d9d_kernels/metrics/formulas/fused.py) and the
-#: core only calls it; without it a group computes member by member.
-_FUSED = None
-
-
-def register_fused_compute(values, to_host) -> None:
-    """Installs the fused compute (called once by the catalogue at import)."""
-    global _FUSED
-    _FUSED = (values, to_host)
 
 
 class MetricGroup(_GroupBase):
@@ -230,10 +226,15 @@ class MetricGroup(_GroupBase):
         if on_state:
             st.run(on_state)
         keys = self._keys
+        names = [m.__dict__["_name"] for m in targets if not m._forward_on_state]
+        if "batch" in FUSED:
+            vals = FUSED["batch"](self, names, views)
+        else:
+            vals = {n: self._members[n]._compute_unchecked(self._members[n]._states(views)) for n in names}
         out = {}
         for m in targets:
-            key = keys[m.__dict__["_name"]]
-            out[key] = m._batch_value() if m._forward_on_state else m._compute_unchecked(m._states(views))
+            name = m.__dict__["_name"]
+            out[keys[name]] = m._batch_value() if m._forward_on_state else vals[name]
         return detach_from(out, st)
 
     def compute(self) -> dict[str, torch.Tensor]:
@@ -241,9 +242,9 @@ class MetricGroup(_GroupBase):
         are the member names with prefix/postfix."""
         self._warn_unsynced()
         keys = self._keys
-        if _FUSED is None:  # no catalogue formulas registered: member by member
+        if "values" not in FUSED:  # no catalogue formulas registered: member by member
             return {keys[n]: m.compute() for n, m in self._members.items()}
-        return {keys[n]: v for n, v in _FUSED[0](self).items()}
+        return {keys[n]: v for n, v in FUSED["values"](self).items()}
 
     def bad_input_counts(self) -> dict[str, dict[str, int]]:
         """``{key: member.bad_input_counts()}`` for members that count bad inputs."""
@@ -275,10 +276,10 @@ class MetricGroup(_GroupBase):
     def compute_to_host(self) -> HostValues:
         """All members' values in ONE non-blocking device->host copy;
         ``.result()`` -> ``{name: float}``."""
-        if _FUSED is None:
+        if "to_host" not in FUSED:
             return super().compute_to_host()
         self._warn_unsynced()
-        return _FUSED[1](self, self._keys)
+        return FUSED["to_host"](self, self._keys)
 
     def __repr__(self) -> str:
         inner = ",\n".join(f"    {n!r}: {m!r}" for n, m in self._members.items())

@@ -59,6 +59,19 @@ __all__ = ["Metric", "NAN_STRATEGIES", "HostValues"]
 NAN_STRATEGIES = ("propagate", "ignore", "error")
 _CUSTOM = "_custom"
 
+#: The catalogue's fused formulas (d9d_kernels/metrics/formulas/fused.py
+#: registers them at import; the core never imports the catalogue):
+#: ``values(group)`` and ``to_host(group, keys)`` (a group's compute),
+#: ``batch(group, names, scratch views)`` (forward's batch values) and
+#: ``member(metric, buffers)`` (one metric's value, None where it has no
+#: fused formula). Without them every metric computes on its own.
+FUSED: dict[str, Callable] = {}
+
+
+def register_fused_compute(**hooks: Callable) -> None:
+    """Installs the fused compute hooks (called once by the catalogue at import)."""
+    FUSED.update(hooks)
+
 
 # ----------------------------------------------------------------------------
 # Custom metrics: raw slots wrapped in a private statistic.
@@ -404,7 +417,7 @@ class Metric(metaclass=_MetricMeta):
         self._warn_unsynced()
         return self._checked_compute(self._states())
 
-    def _checked_compute(self, states):
+    def _checked_compute(self, states, buffers=None):
         bad = self._bad_count(states)
         if bad is not None:
             count = bad.item()
@@ -412,6 +425,15 @@ class Metric(metaclass=_MetricMeta):
                 causes = self._bad_causes(states)
                 vals = torch.stack(list(causes.values())).tolist() if causes else []
                 self._raise_if_bad(count, dict(zip(causes, vals)))
+        return self._value_from(states, self._storage.current_buffers() if buffers is None else buffers)
+
+    def _value_from(self, states, buffers):
+        """The value of ``states`` (views into ``buffers``): the fused formula
+        where the catalogue has one (the same bits as in a group's compute), else ``_compute``."""
+        if "member" in FUSED:
+            v = FUSED["member"](self, buffers)
+            if v is not None:
+                return v
         return self._compute_unchecked(states)
 
     def _warn_unsynced(self) -> None:
@@ -468,7 +490,7 @@ class Metric(metaclass=_MetricMeta):
             ok = True
         finally:
             views = st.forward_end(fold=ok)
-        return detach_from(self._compute_unchecked(self._states(views)), st)
+        return detach_from(self._value_from(self._states(views), st.scratch), st)
 
     def _batch_value(self) -> torch.Tensor:
         """The last update's own value, read from the state (``_forward_on_state`` metrics)."""
@@ -608,7 +630,7 @@ class Metric(metaclass=_MetricMeta):
         states = self._states()
         bad = self._bad_count(states)
         checks = [] if bad is None else [(self, bad, self._bad_causes(states))]
-        return [(None, self._compute_unchecked(states))], checks
+        return [(None, self._value_from(states, self._storage.current_buffers()))], checks
 
     # -- checkpoint -----------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -132,11 +132,14 @@ def register() -> None:
         except RuntimeError:
             continue
         torch.library.register_fake(qual)(globals()[name])
-    try:  # the internal CPU helper of the vocab-parallel partials: shape-only
-        torch._C._dispatch_find_schema_or_throw("d9d_kernels::row_sum_exp", "")
-    except RuntimeError:
-        return
-    torch.library.register_fake("d9d_kernels::row_sum_exp")(lambda x, row_max, out: None)
+    # the internal ops (vocab-parallel partials, fused compute): shape-only
+    for qual, fake in (("d9d_kernels::row_sum_exp", lambda x, row_max, out: None),
+                       ("d9d_kernels::group_values", lambda sum, max, replica, program, beta, out: None)):
+        try:
+            torch._C._dispatch_find_schema_or_throw(qual, "")
+        except RuntimeError:
+            continue
+        torch.library.register_fake(qual)(fake)
 
 
 register()

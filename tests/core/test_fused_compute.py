@@ -6,6 +6,7 @@ bad-input errors, and match independent references (scikit-learn, numpy)."""
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import pytest
@@ -158,3 +159,33 @@ def test_host_errors_and_keys_equal_the_per_member_path(nan_strategy):
     with pytest.raises(ValueError) as fused:
         g.compute()
     assert str(host.value) == str(own.value) == str(fused.value)
+
+
+def test_group_values_op_equals_the_torch_families(monkeypatch):
+    """The compiled group_values path against the torch families (the
+    fallback where the op can't run), which equal each member's own formula exactly."""
+    from d9d_kernels.metrics.formulas import fused
+
+    g = dk.MetricGroup(_members())
+    _feed(g, 4)
+    g["mean"].update(torch.tensor([1.0, 2.0]), weights=torch.tensor([1.0, -1.0]))  # Σw stays > 0
+    native = g.compute()
+    assert {"acc", "f1_none", "f1_prop", "fbeta", "mean", "min"} <= set(g.__dict__["_fused_plan"].native)
+    monkeypatch.setattr(fused.GV, "group_values_ok", lambda device: False)
+    families = g.compute()
+    assert g.__dict__["_fused_plan"].native == []
+    own = {n: m._compute_unchecked(m._states()) for n, m in g.items()}
+    for n in own:
+        torch.testing.assert_close(families[n], own[n], rtol=0, atol=0, equal_nan=True, msg=n)
+        torch.testing.assert_close(native[n], own[n], rtol=1e-13, atol=1e-15, equal_nan=True, msg=n)
+
+
+def test_weighted_mean_zero_weight_sum_is_nan_on_every_path(monkeypatch):
+    from d9d_kernels.metrics.formulas import fused
+
+    g = dk.MetricGroup({"mean": dk.WeightedMeanMetric(), "sum": dk.SumMetric()})
+    g["mean"].update(torch.tensor([1.0, 2.0]), weights=torch.tensor([1.0, -1.0]))  # Σw = 0, Σwx = -1
+    for ok in (True, False):
+        monkeypatch.setattr(fused.GV, "group_values_ok", lambda device, ok=ok: ok and device.type == "cpu")
+        assert math.isnan(g.compute()["mean"].item()) and math.isnan(g["mean"].compute().item())
+        assert math.isnan(g.compute_to_host().result()["mean"])

@@ -14,6 +14,15 @@ transfer; when one is non-zero its member raises its usual error. Members of
 no family (custom metrics, confusion matrices, ranking, samplewise...) keep
 their own ``compute()``.
 
+Where the compiled ``group_values`` op runs (CPU, CUDA; not while traced),
+the members whose formula it knows (weighted means and sums, max/min,
+accuracy / precision / recall / F-beta / specificity / Jaccard of any task and
+average) are evaluated by ONE call of it instead (d9d_kernels/ops/
+group_values.py); the torch families are then only the others, and the
+reference the op is tested against. The same plan gives forward's batch
+values (from the scratch buffers) and a single metric's ``compute()``, so a
+member's value is the same bits whichever way it is asked for.
+
 The buffer is found from the current views (``Storage.current_views``: the
 synced snapshot after ``wait_sync``, else the local state), so the fused
 path reads exactly what the per-member path reads. Results equal the
@@ -26,12 +35,21 @@ import math
 
 import torch
 
-from d9d_kernels.core import group
+from d9d_kernels.core import metric as core_metric
 from d9d_kernels.core.statistic import MAX, REPLICA, SUM
 from d9d_kernels.metrics.aggregation import MaxMetric, MinMetric, SumMetric, WeightedMeanMetric
-from d9d_kernels.metrics.classification import _Classification
+from d9d_kernels.metrics.classification import (
+    Accuracy,
+    FBetaScore,
+    JaccardIndex,
+    Precision,
+    Recall,
+    Specificity,
+    _Classification,
+)
+from d9d_kernels.ops import group_values as GV
 
-__all__ = ["fused_values", "fused_compute_to_host"]
+__all__ = ["fused_values", "fused_compute_to_host", "fused_batch_values", "member_value"]
 
 _SIMPLE = (int, float, str, bool, type(None))
 _MOMENTS = (SumMetric, WeightedMeanMetric)
@@ -63,7 +81,10 @@ def _moments_fields(m, layout):
 
 def _moments_formula(first, g):
     w, sx, px = g[SUM][:, 0], g[SUM][:, 1], torch.nan_to_num(g[REPLICA][:, 0], nan=0.0)
-    return sx / w + px if type(first) is WeightedMeanMetric else sx + w * px
+    if type(first) is not WeightedMeanMetric:
+        return sx + w * px
+    mean = sx / w + px
+    return torch.where(w == 0, torch.full_like(mean, float("nan")), mean)  # as WeightedMeanMetric._compute
 
 
 def _extrema_fields(m, layout):
@@ -104,6 +125,13 @@ def _class_formula(first, g):
     return value
 
 
+def _plain_classification(m) -> bool:
+    """A classification metric whose value is its class's ``_formula`` of the counts."""
+    return (isinstance(m, _Classification) and m.multidim_average != "samplewise"
+            and all(getattr(type(m), f) is getattr(_Classification, f)
+                    for f in ("_value", "_compute", "_counts", "_finish", "_sample_scores")))
+
+
 def _family(m):
     """``(key, fields, formula)`` of member ``m``, or None (computed on its own)."""
     t = type(m)
@@ -111,10 +139,46 @@ def _family(m):
         return (t, _config(m)), _moments_fields, _moments_formula
     if t in _EXTREMA:
         return (t, _config(m)), _extrema_fields, _extrema_formula
-    if (isinstance(m, _Classification) and m.task == "multiclass" and m.multidim_average != "samplewise"
-            and all(getattr(t, f) is getattr(_Classification, f) for f in ("_value", "_compute", "_counts", "_finish"))):
+    if _plain_classification(m) and m.task == "multiclass":
         return (t, _config(m)), _class_fields, _class_formula
     return None
+
+
+_NATIVE_CLASSES = ((Accuracy, GV.ACCURACY), (Precision, GV.PRECISION), (Recall, GV.RECALL),
+                   (FBetaScore, GV.FBETA), (Specificity, GV.SPECIFICITY), (JaccardIndex, GV.JACCARD))
+
+
+def _native_row(m, layout) -> tuple[list[int], float, int] | None:
+    """``(program row with out = 0, beta², output size)`` of ``m`` for the
+    group_values op (csrc/kernels/group_values.h), or None where it has no formula for it."""
+    t = type(m)
+    if t in _MOMENTS:
+        j = m._stat_map["m"]
+        code = GV.MEAN if t is WeightedMeanMetric else GV.SUM
+        return [code, 0, 0, 0, 1, _at(layout, j, "moments")[1], _at(layout, j, "pivot")[1], -1, 0], 0.0, 1
+    if t in _EXTREMA:
+        o = _at(layout, m._stat_map["e"], "extrema")[1]
+        return ([GV.MAX, 0, 0, 0, 1, o, 0, -1, 0] if t is MaxMetric else [GV.MIN, 0, 0, 0, 1, o + 1, 0, -1, 0]), 0.0, 1
+    if not _plain_classification(m):
+        return None
+    code = next((c for cls, c in _NATIVE_CLASSES if isinstance(m, cls) and t._formula is cls._formula), None)
+    if code is None:
+        return None
+    j = m._stat_map["stats"]
+    nf = _at(layout, j, "nonfinite")[1] if m.nan_strategy == "propagate" else -1
+    beta2 = float(m.beta) ** 2 if code == GV.FBETA else 0.0
+    if m.task == "multiclass":
+        merged = layout.stats[j]
+        C = merged.num_classes
+        row = merged.top_ks.index(m._stats()["stats"].top_ks[0])
+        avg = GV.AVERAGES[m.average]
+        stats = _at(layout, j, "stats")[1] + row * 3 * C
+        prog = [code, avg, GV.CLASS_ROWS, int(m.top_k != 1), C, stats, _at(layout, j, "extras")[1], nf, 0]
+    else:  # binary: micro over its one label; multilabel: the member's average over labels
+        C = m.num_labels if m.task == "multilabel" else 1
+        avg = GV.AVERAGES[m.average] if m.task == "multilabel" else GV.AVERAGES["micro"]
+        prog = [code, avg, GV.LABEL_ROWS, 0, C, _at(layout, j, "state")[1], 0, nf, 0]
+    return prog, beta2, C if avg == GV.AVERAGES["none"] else 1
 
 
 def _bad_fields(m, layout):
@@ -127,14 +191,33 @@ def _bad_fields(m, layout):
 
 
 class FusedPlan:
-    """A group's members sorted into families, with their flat indices (built once)."""
+    """Members (``{name: metric}`` on one storage) sorted into the group_values
+    program (``native``), formula families and the rest, with their flat
+    indices (built once per device)."""
 
-    def __init__(self, group):
-        layout = group._storage.layout
-        self.order = list(group._members)
+    def __init__(self, members: dict, layout, native: bool):
+        self.order = list(members)
+        self.native: list[str] = []  # scalar outputs first, then vectors (one unbind, one split)
+        rows = []
+        if native:
+            for name, m in members.items():
+                r = _native_row(m, layout)
+                if r is not None:
+                    rows.append((r[0][1] == GV.AVERAGES["none"], name, r))
+            rows.sort(key=lambda t: t[0])  # stable: member order within scalars and vectors
+        self.native = [name for _, name, _ in rows]
+        self.n_scalar = sum(1 for vec, _, _ in rows if not vec)
+        self.vector_shapes = [(r[2],) for vec, _, r in rows if vec]
+        program, pos = [], 0
+        for _, _, (prog, _, size) in rows:
+            program.append(prog[:-1] + [pos])
+            pos += size
+        self.program, self.beta2, self.out_size = program, [r[1] for _, _, r in rows], pos
         fams: dict = {}
         self.single: list[str] = []
-        for name, m in group._members.items():
+        for name, m in members.items():
+            if name in self.native:
+                continue
             fam = _family(m)
             if fam is None:
                 self.single.append(name)
@@ -145,12 +228,11 @@ class FusedPlan:
             for kind, idx in fields(m, layout).items():
                 e["idx"].setdefault(kind, []).append(idx)
         self.families = list(fams.values())
-        fused = {n for e in self.families for n in e["names"]}
         self.checked_fused, self.checked_single, bad, nf = [], [], [], []
-        for name, m in group._members.items():
+        for name, m in members.items():
             if not m._raise_on_bad():
                 continue
-            if name in fused:
+            if _family(m) is not None:  # bad counts gathered as for the families (native or not)
                 b, f = _bad_fields(m, layout)
                 self.checked_fused.append(m)
                 bad.append(b)
@@ -184,31 +266,46 @@ class FusedPlan:
             out = self._device_idx[device] = ({k: mk(v) for k, v in flat.items()}, blocks, bad)
         return out
 
+    def native_args(self, device):
+        """(program, beta², an empty float64 tensor) on ``device``; made once per device."""
+        key = ("native", device)
+        out = self._device_idx.get(key)
+        if out is None:
+            out = self._device_idx[key] = (
+                torch.tensor(self.program, dtype=torch.int64, device=device).reshape(-1, len(GV.COLUMNS)),
+                torch.tensor(self.beta2, dtype=torch.float64, device=device),
+                torch.empty(0, dtype=torch.float64, device=device))
+        return out
 
-def _plan(group) -> FusedPlan:
-    d = group.__dict__
+
+def _plan(owner) -> FusedPlan:
+    """The plan of a group (its members) or of a single metric (itself, named ``""``)."""
+    st = owner._storage
+    key = (st.device, GV.group_values_ok(st.device))
+    d = owner.__dict__
     plan = d.get("_fused_plan")
-    if plan is None:
-        plan = d["_fused_plan"] = FusedPlan(group)
+    if plan is None or plan.key != key:
+        members = owner._members if isinstance(owner, core_metric._GroupBase) else {"": owner}
+        plan = d["_fused_plan"] = FusedPlan(members, st.layout, native=key[1])
+        plan.key = key
     return plan
 
 
-def _buffers(group) -> dict:
-    """The flat buffers (per kind) the current views point into."""
-    bufs = {}
-    st = group._storage
-    for j, views in enumerate(st.current_views()):
-        for s, _ in st.layout.placed[j]:
-            if s.kind not in bufs:
-                v = views[s.name]
-                bufs[s.kind] = v if v._base is None else v._base
-        if len(bufs) == 3:
-            break
-    return bufs
+def _native(plan: FusedPlan, bufs) -> dict:
+    """``{name: value}`` of the plan's ``native`` members: one group_values call."""
+    dev = bufs[SUM].device
+    prog, beta2, empty = plan.native_args(dev)
+    out = torch.empty(plan.out_size, dtype=torch.float64, device=dev)
+    GV.group_values(bufs[SUM], bufs.get(MAX, empty), bufs.get(REPLICA, empty), prog, beta2, out)
+    k = plan.n_scalar
+    vals = list(out[:k].unbind(0)) if k else []
+    if plan.vector_shapes:
+        vals += out[k:].split([s[0] for s in plan.vector_shapes])
+    return dict(zip(plan.native, vals))
 
 
-def _values(group, plan: FusedPlan, bufs) -> dict:
-    out = {}
+def _values(plan: FusedPlan, bufs) -> dict:
+    out = _native(plan, bufs) if plan.native else {}
     if not plan.families:
         return out
     flat, blocks, _ = plan.indices(next(iter(bufs.values())).device)
@@ -241,7 +338,7 @@ def fused_values(group) -> dict[str, torch.Tensor]:
     """``{name: value}`` of every member, in member order; raises a member's
     bad-input error when its count is non-zero (one host read for all)."""
     plan = _plan(group)
-    bufs = _buffers(group)
+    bufs = group._storage.current_buffers()
     bad, single = _fused_bad(plan, bufs), _single_bad(plan)
     if bad is not None or single:
         parts = ([bad] if bad is not None else []) + [c.reshape(1) for _, c in single]
@@ -254,7 +351,7 @@ def fused_values(group) -> dict[str, torch.Tensor]:
             for m, v in sorted(zip(ms, counts), key=lambda t: order[id(t[0])]):
                 if v != 0:  # the first bad member (in member order) raises its own error, with its causes
                     m._checked_compute(m._states())
-    vals = _values(group, plan, bufs)
+    vals = _values(plan, bufs)
     members = group._members
     for name in plan.single:
         vals[name] = members[name].compute()
@@ -304,10 +401,15 @@ def fused_compute_to_host(group, keys: dict):
     from d9d_kernels.core.metric import HostValues, copy_to_host
 
     plan = _plan(group)
-    bufs = _buffers(group)
+    bufs = group._storage.current_buffers()
     dev = next(iter(bufs.values())).device
     parts, seg = [], {}  # seg: name -> (offset in the packed order, shape)
     pos = 0
+    if plan.native:
+        for name, v in _native(plan, bufs).items():
+            seg[name] = (pos, tuple(v.shape))
+            pos += v.numel()
+            parts.append(v.reshape(-1))
     if plan.families:
         flat, blocks, _ = plan.indices(dev)
         gathered = {k: bufs[k].index_select(0, i) for k, i in flat.items()}
@@ -355,4 +457,23 @@ def fused_compute_to_host(group, keys: dict):
     return HostValues(host, [keys[n] for n in names], shapes, checks, event, single=False)
 
 
-group.register_fused_compute(fused_values, fused_compute_to_host)
+def fused_batch_values(group, names: list[str], views) -> dict[str, torch.Tensor]:
+    """``{name: value}`` of members ``names`` on forward's scratch buffers
+    (``views``: the scratch views, for members of no family); no checks, no host read."""
+    plan = _plan(group)
+    vals = _values(plan, group._storage.scratch)
+    members = group._members
+    return {n: vals[n] if n in vals else members[n]._compute_unchecked(members[n]._states(views)) for n in names}
+
+
+def member_value(m, bufs) -> torch.Tensor | None:
+    """A single metric's value from ``bufs`` (its storage's current or scratch
+    buffers) by the group_values op, or None where the op has no formula for it."""
+    plan = _plan(m)
+    if not plan.native:
+        return None
+    return _native(plan, bufs)[""]
+
+
+core_metric.register_fused_compute(values=fused_values, to_host=fused_compute_to_host, batch=fused_batch_values,
+                                   member=member_value)

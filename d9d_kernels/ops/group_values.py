@@ -1,0 +1,39 @@
+"""group_values: many metrics' values from a group's packed float64 buffers in one call.
+
+The fused compute and forward's batch values (d9d_kernels/metrics/formulas/
+fused.py) write every member whose formula the op knows with ONE call: a
+program row per member (``csrc/kernels/group_values.h`` lists the columns and
+formula codes) says which formula to apply to which offsets of the SUM / MAX /
+REPLICA buffers and where in ``out`` the value goes. An internal op, not one
+of ``OPS``: compiled for CPU and CUDA; where it cannot run (no extension,
+another device, inside ``torch.compile``) ``group_values_ok`` is false and
+the caller evaluates the torch formulas instead.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from d9d_kernels import _extension
+
+# Program columns and codes, as csrc/kernels/group_values.h numbers them.
+COLUMNS = ("formula", "average", "layout", "top_k_rule", "classes", "offset", "count", "nonfinite", "out")
+MEAN, SUM, MAX, MIN, ACCURACY, PRECISION, RECALL, FBETA, SPECIFICITY, JACCARD = range(10)
+AVERAGES = {"micro": 0, "macro": 1, "weighted": 2, "none": 3}
+CLASS_ROWS, LABEL_ROWS = 0, 1
+
+_DEVICES = {key.lower(): _extension.CPP_ERROR is None and _extension._has_kernel("group_values", key)
+            for key in ("CPU", "CUDA")}
+
+
+def group_values_ok(device: torch.device) -> bool:
+    """The compiled op runs on ``device`` (and we are not being traced)."""
+    return _DEVICES.get(device.type, False) and not torch.compiler.is_compiling()
+
+
+def group_values(sum_buf: torch.Tensor, max_buf: torch.Tensor, replica: torch.Tensor,
+                 program: torch.Tensor, beta2: torch.Tensor, out: torch.Tensor) -> None:
+    """Writes each program row's value(s) into ``out`` (float64, same device):
+    ``program`` int64 ``[K, len(COLUMNS)]``, ``beta2`` float64 ``[K]`` (FBeta's
+    beta squared, else ignored); an empty tensor stands for an absent buffer."""
+    torch.ops.d9d_kernels.group_values(sum_buf, max_buf, replica, program, beta2, out)
