@@ -300,6 +300,83 @@ void rows_scores(const Args& a, const Out& o, const T* preds, int64_t rs, const 
   }
 }
 
+// Bytes of score rows staged per tile of a strided input (L1-sized).
+constexpr int64_t kTileBytes = 32 << 10;
+// Rows ranked together by rows_columns (their running best lives on the stack).
+constexpr int64_t kColumnRows = 256;
+
+// Top-1 of rows [b, e) whose scores are adjacent along the rows (row stride
+// 1, class stride cs: one sample of a channel-first [N, C, H, W] batch):
+// column_best ranks kColumnRows rows at once, one class after another, with
+// a lane per row, so every load is a contiguous run of one class. Same rules
+// as the row loops (ties keep the lower class; NaN or +Inf anywhere, or only
+// -Inf, make the row bad).
+template <class T>
+void rows_columns(const Args& a, const Out& o, const T* preds, int64_t cs, const Strided1<int64_t>& tg,
+                  const Strided1<bool>& ms, bool has_m, int64_t b, int64_t e) {
+  using V = typename Cmp<T>::type;
+  V best[kColumnRows];
+  int32_t top[kColumnRows];
+  bool ok[kColumnRows];
+#if defined(D9D_VEC32)
+  const bool wide = use_vec32();
+#endif
+  for (int64_t rb = b; rb < e; rb += kColumnRows) {
+    const int64_t m = std::min(kColumnRows, e - rb);
+#if defined(D9D_VEC32)
+    if (wide) {
+      vec32::column_best(preds + rb, cs, a.C, m, best, top, ok);
+    } else
+#endif
+    {
+      vec16::column_best(preds + rb, cs, a.C, m, best, top, ok);
+    }
+    for (int64_t i = 0; i < m; ++i) {
+      const int64_t r = rb + i;
+      if (has_m && !ms[r]) continue;
+      const int64_t t = tg[r];
+      if (!kept(true, a.has_ignore, t, a.ignore_index)) continue;
+      if (!class_in_range(t, a.C) || !ok[i] || !(best[i] > -std::numeric_limits<V>::infinity())) {
+        o.bad[0] += 1.0;
+        continue;
+      }
+      count_row(a, o, r, t, top + i, top[i] == t ? 0 : 1);
+    }
+  }
+}
+
+// Rows [b, e) of scores whose classes are not adjacent (preds [R, C] with
+// stride(1) != 1: channel-first [N, C, H, W] seen as [H*W, C] per sample).
+// Top-1 alone of adjacent rows: rows_columns. Otherwise tiles of rows are
+// transposed into a small contiguous buffer, reading each class's run of
+// rows in order, and rows_scores runs on the tile. The results are those of
+// a contiguous copy, without the copy of the input.
+template <class T>
+void rows_strided(const Args& a, const Out& o, const T* preds, int64_t rs, int64_t cs, const Strided1<int64_t>& tg,
+                  const Strided1<bool>& ms, bool has_m, int64_t b, int64_t e) {
+  if (rs == 1 && a.K == 1 && a.kmax == 1 && !a.nll) {
+    rows_columns<T>(a, o, preds, cs, tg, ms, has_m, b, e);
+    return;
+  }
+  const int64_t C = a.C;
+  const int64_t rows = std::max<int64_t>(8, kTileBytes / (C * int64_t(sizeof(T))));
+  std::vector<T> tile(static_cast<size_t>(std::min(rows, std::max<int64_t>(e - b, 1)) * C));
+  for (int64_t tb = b; tb < e; tb += rows) {
+    const int64_t m = std::min(rows, e - tb);
+    for (int64_t j = 0; j < C; ++j) {
+      const T* src = preds + tb * rs + j * cs;
+      T* dst = tile.data() + j;
+      for (int64_t i = 0; i < m; ++i) dst[i * C] = src[i * rs];
+    }
+    // the tile's rows are rows [tb, tb + m): targets, mask and cells shifted to match
+    Out ot = o;
+    if (ot.cells != nullptr) ot.cells += tb;
+    const Strided1<int64_t> tt{tg.p + tb * tg.s, tg.s};
+    const Strided1<bool> mt{has_m ? ms.p + tb * ms.s : nullptr, ms.s};
+    rows_scores<T>(a, ot, tile.data(), C, tile.data() + m * C, tt, mt, has_m, 0, m);
+  }
+}
+
 void class_stats_cpu(const at::Tensor& preds_in, const at::Tensor& target, const std::optional<at::Tensor>& mask,
                      int64_t num_classes, std::optional<int64_t> ignore_index, at::IntArrayRef top_ks, bool nll,
                      const at::Tensor& stats, const std::optional<at::Tensor>& confmat, const at::Tensor& extras,
@@ -335,14 +412,20 @@ void class_stats_cpu(const at::Tensor& preds_in, const at::Tensor& target, const
   if (!scores) {
     const auto pr = strided1<int64_t>(preds_in);
     for_chunks(n, chunks, [&](int64_t c, int64_t b, int64_t e) { rows_indices(a, out_of(c), pr, tg, ms, has_m, b, e); });
-  } else {
-    const at::Tensor preds = preds_in.stride(1) == 1 ? preds_in : preds_in.contiguous();
-    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, preds.scalar_type(), "class_stats_cpu", [&] {
-      const scalar_t* p = preds.data_ptr<scalar_t>();
-      const int64_t rs = preds.stride(0);
+  } else if (preds_in.stride(1) == 1 || C == 1) {
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, preds_in.scalar_type(), "class_stats_cpu", [&] {
+      const scalar_t* p = preds_in.data_ptr<scalar_t>();
+      const int64_t rs = preds_in.stride(0);
       const scalar_t* end = n > 0 ? p + (n - 1) * rs + C : p;
       for_chunks(n, chunks, [&](int64_t c, int64_t b, int64_t e) {
         rows_scores<scalar_t>(a, out_of(c), p, rs, end, tg, ms, has_m, b, e);
+      });
+    });
+  } else {
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, preds_in.scalar_type(), "class_stats_cpu", [&] {
+      for_chunks(n, chunks, [&](int64_t c, int64_t b, int64_t e) {
+        rows_strided<scalar_t>(a, out_of(c), preds_in.data_ptr<scalar_t>(), preds_in.stride(0), preds_in.stride(1), tg,
+                               ms, has_m, b, e);
       });
     });
   }

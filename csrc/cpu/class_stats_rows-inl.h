@@ -217,6 +217,53 @@ void rows_small(const Args& a, const Out& o, const T* preds, int64_t rs, const T
   }
 }
 
+// Top-1 of m adjacent rows whose classes are cs apart (lane = row): for
+// rows [0, m) at x, best[i] = the row's max as V, top[i] = its lowest class,
+// ok[i] = no NaN / +Inf in the row (the -Inf-only test is the caller's).
+// A strictly greater score replaces the best, so ties keep the lower class.
+template <class T>
+void column_best(const T* x, int64_t cs, int64_t C, int64_t m, typename Cmp<T>::type* best, int32_t* top, bool* ok) {
+  using V = typename Cmp<T>::type;
+  using L = Lanes<V>;
+  using Int = typename L::Int;
+  typedef Int IntVec __attribute__((vector_size(kVecBytes)));
+  const typename L::Vec inf = splat(std::numeric_limits<V>::infinity());
+  int64_t i0 = 0;
+  for (; i0 + L::P <= m; i0 += L::P) {
+    typename L::Vec b = load_as(x + i0);
+    typename L::Mask good = b < inf;
+    IntVec t = IntVec{};
+    for (int64_t j = 1; j < C; ++j) {
+      const typename L::Vec v = load_as(x + j * cs + i0);
+      const typename L::Mask gt = v > b;
+      good &= v < inf;
+      b = gt ? v : b;
+      t = gt ? (static_cast<Int>(j) - IntVec{}) : t;
+    }
+    for (int l = 0; l < L::P; ++l) {
+      best[i0 + l] = b[l];
+      top[i0 + l] = static_cast<int32_t>(t[l]);
+      ok[i0 + l] = good[l] != 0;
+    }
+  }
+  for (int64_t i = i0; i < m; ++i) {  // the rows past the last whole vector
+    V bi = static_cast<V>(x[i]);
+    int32_t ti = 0;
+    bool oi = score_ok(bi);
+    for (int64_t j = 1; j < C; ++j) {
+      const V v = static_cast<V>(x[j * cs + i]);
+      oi = oi && score_ok(v);
+      if (v > bi) {
+        bi = v;
+        ti = static_cast<int32_t>(j);
+      }
+    }
+    best[i] = bi;
+    top[i] = ti;
+    ok[i] = oi;
+  }
+}
+
 // rows_small with U = ceil(C / P) vectors.
 template <class V, class T, int U = (std::is_same_v<V, double> ? kSmallCDouble : kSmallC) / Lanes<V>::P>
 void rows_small_dispatch(const Args& a, const Out& o, const T* preds, int64_t rs, const T* end,

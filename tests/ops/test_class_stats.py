@@ -10,7 +10,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from op_utils import FLOAT_DTYPES, assert_counts_equal, assert_sums_close, f64, noncontig, sprinkle
+from op_utils import FLOAT_DTYPES, assert_counts_equal, assert_sums_close, f64, needs_cpp, noncontig, sprinkle
 
 import d9d_kernels as dk
 from d9d_kernels import reference
@@ -432,3 +432,72 @@ def test_empty_top_ks_needs_nll_scores():
     with pytest.raises(ValueError, match="top_ks"):
         dk.ops.class_stats(torch.zeros(4, dtype=torch.int64), torch.zeros(4, dtype=torch.int64), num_classes=C,
                            stats=f64(0, 3, C), extras=f64(2), bad=f64(1), top_ks=(), nll=True)
+
+
+def _class_strided(x: torch.Tensor) -> torch.Tensor:
+    """``x`` [R, C] with the same values, classes R apart (as one sample of a
+    channel-first [N, C, H, W] batch seen as [H*W, C])."""
+    out = x.t().contiguous().t()
+    assert out.stride() == (1, x.shape[0]) or x.shape[0] <= 1
+    return out
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("C", [2, 5, 21, 33, 150])
+def test_class_strided_scores_read_in_place(backend, dtype, C):
+    """Scores whose classes are not adjacent (channel-first inputs): the CPU
+    kernel stages L1 tiles of rows; counts equal the reference and the same
+    rows given contiguous (the NLL sum to rounding: tiles group its partial sums)."""
+    if C > 33 and backend == "triton":
+        pytest.skip("~8 s in the Triton interpreter; C <= 33 covers its strided loads")
+    g = torch.Generator().manual_seed(C)
+    n = 2000 + C  # several tiles, the last one partial
+    x = _adversarial_rows(n, C, dtype, g)
+    target = torch.randint(-1, C + 1, (n,), generator=g)
+    mask = torch.rand(n, generator=g) > 0.1
+    for top_ks, nll in [((1,), False), ((1, min(3, C)), True)]:
+        strided = run_and_compare(backend, _class_strided(x), target, mask, C=C, top_ks=top_ks, nll=nll,
+                                  ignore_index=0)
+        contiguous = run_and_compare(backend, x, target, mask, C=C, top_ks=top_ks, nll=nll, ignore_index=0)
+        for a, b, what in zip(strided, contiguous, ("stats", "confmat", "extras", "bad")):
+            if what == "extras":
+                assert_counts_equal(a[:1], b[:1], "valid rows, strided vs contiguous")
+                assert_sums_close(a[1:], b[1:], "nll, strided vs contiguous", rtol=1e-12)
+            else:
+                assert_counts_equal(a, b, f"{what}, strided vs contiguous")
+    # a channel-first batch's sample: [C, H, W] -> [H*W, C] view, strides (1, H*W)
+    batch = torch.randn(2, C, 9, 13, generator=g).to(dtype)
+    sample = batch[1].movedim(0, -1).reshape(-1, C)
+    assert sample.data_ptr() == batch[1].data_ptr() and sample.stride(1) == 9 * 13
+    run_and_compare(backend, sample, torch.randint(0, C, (9 * 13,), generator=g), C=C)
+
+
+def test_class_strided_several_chunks(backend):
+    threads = torch.get_num_threads()
+    torch.set_num_threads(max(2, threads))
+    try:
+        n, C = 40_000, 10
+        x = sprinkle(torch.randn(n, C))
+        target = torch.randint(-1, C + 1, (n,))
+        for top_ks in [(1,), (1, 3)]:  # the column scan (top-1) and the staged tiles
+            run_and_compare(backend, _class_strided(x), target, torch.rand(n) > 0.1, C=C, top_ks=top_ks, ignore_index=0)
+    finally:
+        torch.set_num_threads(threads)
+
+
+@needs_cpp
+def test_class_strided_scores_make_no_copy():
+    """The CPU op allocates no tensor for class-strided scores (the tile is a
+    small private buffer, not a copy of the input)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    C, n = 21, 1 << 16
+    x = _class_strided(torch.randn(n, C))
+    target = torch.randint(0, C, (n,))
+    st, cm, ex, bad = f64(1, 3, C), f64(C, C), f64(2), f64(1)
+    op = torch.ops.d9d_kernels.class_stats.default
+    op(x, target, None, C, None, [1], False, st, cm, ex, bad)
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        op(x, target, None, C, None, [1], False, st, cm, ex, bad)
+    allocated = [e.self_cpu_memory_usage for e in prof.events() if e.self_cpu_memory_usage > 0]
+    assert allocated == [], allocated
