@@ -490,7 +490,8 @@ class Metric(metaclass=_MetricMeta):
             ok = True
         finally:
             views = st.forward_end(fold=ok)
-        return detach_from(self._value_from(self._states(views), st.scratch), st)
+        v = FUSED["member"](self, st.scratch) if "member" in FUSED else None
+        return detach_from(self._compute_unchecked(self._states(views)) if v is None else v, st)
 
     def _batch_value(self) -> torch.Tensor:
         """The last update's own value, read from the state (``_forward_on_state`` metrics)."""
@@ -752,12 +753,17 @@ def bad_causes_hint(causes: dict[str, float] | None, nan_strategy: str) -> str:
 def detach_from(value, st: Storage):
     """``value`` (a tensor or a dict of them) with any view of ``st``'s
     scratch buffers cloned: the next forward overwrites the scratch."""
+    if st.scratch is None:
+        return value
+    ptrs = {b.untyped_storage().data_ptr() for b in st.scratch.values()}
     if isinstance(value, dict):
-        return {k: detach_from(v, st) for k, v in value.items()}
-    if isinstance(value, torch.Tensor) and st.scratch is not None:
-        ptr = value.untyped_storage().data_ptr()
-        if any(ptr == b.untyped_storage().data_ptr() for b in st.scratch.values()):
-            return value.clone()
+        return {k: _detached(v, ptrs) for k, v in value.items()}
+    return _detached(value, ptrs)
+
+
+def _detached(value, ptrs: set):
+    if isinstance(value, torch.Tensor) and value.untyped_storage().data_ptr() in ptrs:
+        return value.clone()
     return value
 
 

@@ -291,12 +291,18 @@ def _plan(owner) -> FusedPlan:
     return plan
 
 
-def _native(plan: FusedPlan, bufs) -> dict:
-    """``{name: value}`` of the plan's ``native`` members: one group_values call."""
+def _native_out(plan: FusedPlan, bufs) -> torch.Tensor:
+    """The plan's ``native`` members' values packed (scalars, then vectors): one group_values call."""
     dev = bufs[SUM].device
     prog, beta2, empty = plan.native_args(dev)
     out = torch.empty(plan.out_size, dtype=torch.float64, device=dev)
     GV.group_values(bufs[SUM], bufs.get(MAX, empty), bufs.get(REPLICA, empty), prog, beta2, out)
+    return out
+
+
+def _native(plan: FusedPlan, bufs) -> dict:
+    """``{name: value}`` of the plan's ``native`` members."""
+    out = _native_out(plan, bufs)
     k = plan.n_scalar
     vals = list(out[:k].unbind(0)) if k else []
     if plan.vector_shapes:
@@ -405,11 +411,12 @@ def fused_compute_to_host(group, keys: dict):
     dev = next(iter(bufs.values())).device
     parts, seg = [], {}  # seg: name -> (offset in the packed order, shape)
     pos = 0
-    if plan.native:
-        for name, v in _native(plan, bufs).items():
-            seg[name] = (pos, tuple(v.shape))
-            pos += v.numel()
-            parts.append(v.reshape(-1))
+    if plan.native:  # already packed: scalars, then vectors
+        parts.append(_native_out(plan, bufs))
+        shapes = [()] * plan.n_scalar + plan.vector_shapes
+        for name, shape in zip(plan.native, shapes):
+            seg[name] = (pos, shape)
+            pos += math.prod(shape)
     if plan.families:
         flat, blocks, _ = plan.indices(dev)
         gathered = {k: bufs[k].index_select(0, i) for k, i in flat.items()}
