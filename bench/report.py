@@ -567,6 +567,60 @@ def lm_section(rows, targets: list, memory: Path | None = None) -> list[str]:
     return lines
 
 
+def forward_section(rows, targets: list) -> list[str]:
+    """bench_update_forward.csv: the group's forward (update + batch values) against its update."""
+    idx = _index(rows, lambda r: (r["op"], r["provider"], r["_shape"]["C"], r["_shape"]["N"]))
+    lines = ["## Forward: update + batch values (`bench/bench_update.py --forward`)", "",
+             "The update group above, called as `loss(values, weights)` + `g(preds, target)` (torchmetrics: "
+             "`MeanMetric(...)` + `MetricCollection(...)`), interleaved with the plain update. "
+             "\"state only\": d9d's forward without the batch values (scratch reset, update, fold).", "",
+             "| C | N | d9d update | d9d forward | forward / update | state only / update | "
+             "torchmetrics forward / update |", "|---|---|---|---|---|---|---|"]
+    worst = {}
+    for C, N in sorted({(k[2], k[3]) for k in idx if k[1] == "d9d"}):
+        u, f = idx.get(("group_update", "d9d", C, N)), idx.get(("group_forward", "d9d", C, N))
+        if u is None or f is None:
+            continue
+        st = idx.get(("group_forward_state", "d9d", C, N))
+        tu, tf = idx.get(("group_update", "torchmetrics", C, N)), idx.get(("group_forward", "torchmetrics", C, N))
+        r = f["_p50"] / u["_p50"]
+        worst[C] = max(worst.get(C, (0.0, N)), (r, N))
+        lines.append(f"| {C} | {N} | {_fmt_t(u['_p50'])} | {_fmt_t(f['_p50'])} | {r:.2f}× | "
+                     + (f"{st['_p50'] / u['_p50']:.2f}× | " if st else "– | ")
+                     + (f"{tf['_p50'] / tu['_p50']:.2f}× |" if tu and tf else "– |"))
+    lines.append("")
+    for C, (r, N) in sorted(worst.items()):
+        targets.append(("forward", f"forward / update, C={C} (max over N)", "≤ 1.2×", f"{r:.2f}× (N={N})", r <= 1.2))
+    return lines
+
+
+def segmentation_section(rows, targets: list, memory: Path | None = None) -> list[str]:
+    """bench_update_segmentation.csv (+ _memory.csv): one channel-first batch, pixel accuracy + mean IoU."""
+    idx = _index(rows, lambda r: r["provider"])
+    shape = rows[0]["shape"] if rows else ""
+    peak = {}
+    if memory is not None and memory.exists():
+        with open(memory, newline="") as f:
+            peak = {r["provider"]: float(r["peak_extra_mib"]) for r in csv.DictReader(f)}
+    lines = ["## Segmentation update (`bench/bench_update.py`, segmentation section)", "",
+             f"Pixel accuracy + mean IoU, channel-first scores {shape} float32 with `[N, H, W]` targets, CPU. "
+             "Peak extra: memory above the inputs during one update (a child process per contender).", "",
+             "| contender | median | peer / d9d | peak extra |", "|---|---|---|---|"]
+    d = idx.get("d9d")
+    for prov, r in idx.items():
+        ratio = f"{r['_p50'] / d['_p50']:.2f}×" if d else "–"
+        mib = f"{peak[prov]:.1f} MiB" if prov in peak else "–"
+        lines.append(f"| {LABEL.get(prov, prov)} | {_fmt_t(r['_p50'])} | {ratio} | {mib} |")
+    lines.append("")
+    if d and "torchmetrics" in idx:
+        r = idx["torchmetrics"]["_p50"] / d["_p50"]
+        targets.append(("segmentation", f"faster than torchmetrics, {shape}", "≥ 10×", f"{r:.2f}×", r >= 10.0))
+    if "d9d" in peak:
+        targets.append(("segmentation", "peak extra memory of the d9d update (no input copy)", "0 MiB",
+                        f"{peak['d9d']:.1f} MiB", peak["d9d"] < 1.0))
+    return lines
+
+
 def generic_section(name: str, rows) -> list[str]:
     lines = [f"## `{name}` (`bench/{name}.py`)", "",
              "Median per (op, shape, provider), as written by the benchmark; see its docstring for the question.", ""]
@@ -602,6 +656,12 @@ def build(results: Path, doc: Path, plots: bool = True) -> tuple[str, str]:
         sec, plot = known.get(name, (None, None))
         if name == "bench_lm":  # plots itself; its memory figures lie beside the CSV
             sections += lm_section(rows, targets, path.with_name("bench_lm_memory.json"))
+        elif name == "bench_update_forward":
+            sections += forward_section(rows, targets)
+        elif name == "bench_update_segmentation":
+            sections += segmentation_section(rows, targets, path.with_name(f"{name}_memory.csv"))
+        elif name == "bench_update_segmentation_memory":
+            continue  # read by the segmentation section
         else:
             sections += sec(rows, targets) if sec else generic_section(name, rows)
         png = path.with_suffix(".png")
