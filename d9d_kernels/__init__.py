@@ -30,6 +30,7 @@ _NAMES = {
             "Perplexity",
             "CalibrationError", "Dice", "DiceScore", "GeneralizedDiceScore", "MeanIoU", "KLDivergence",
             "CosineSimilarity", "MeanAbsolutePercentageError", "SymmetricMeanAbsolutePercentageError", "RunningMean",
+            "ExponentialMovingAverage",
         )
     },
 }

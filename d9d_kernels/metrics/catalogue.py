@@ -29,7 +29,7 @@ from d9d_kernels.metrics.calibration import CalibrationError
 from d9d_kernels.metrics.segmentation import Dice, DiceScore, GeneralizedDiceScore, MeanIoU
 from d9d_kernels.metrics.similarity import CosineSimilarity, KLDivergence
 from d9d_kernels.metrics.percentage_error import MeanAbsolutePercentageError, SymmetricMeanAbsolutePercentageError
-from d9d_kernels.metrics.running import RunningMean
+from d9d_kernels.metrics.running import ExponentialMovingAverage, RunningMean
 
 __all__ = [
     "Accuracy",
@@ -60,4 +60,5 @@ __all__ = [
     "MeanAbsolutePercentageError",
     "SymmetricMeanAbsolutePercentageError",
     "RunningMean",
+    "ExponentialMovingAverage",
 ]

@@ -44,6 +44,7 @@ def _cases():
         ("mape", lambda: dk.MeanAbsolutePercentageError(), (x, y)),
         ("smape", lambda: dk.SymmetricMeanAbsolutePercentageError(), (x, y)),
         ("running", lambda: dk.RunningMean(window=2), (x,)),
+        ("ema", lambda: dk.ExponentialMovingAverage(decay=0.9), (x,)),
     ]
 
 
