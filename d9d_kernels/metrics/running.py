@@ -61,7 +61,26 @@ def _batch_sums(m, value, weight) -> torch.Tensor:
     return torch.stack([(v * w).sum(), w.sum()])
 
 
-class RunningMean(Metric):
+class _ValueUpdates(Metric):
+    """``update(value, weight=1.0)`` like ``MeanMetric``, checked before any
+    write; subclasses declare their slots (a ``bad`` one included) after
+    ``super().__init__``."""
+
+    def __init__(self, nan_strategy: str):
+        name = type(self).__name__
+        A.check(isinstance(nan_strategy, str) and nan_strategy in _NAN, name, "nan_strategy",
+                f"must be one of {tuple(_NAN)}, got {nan_strategy!r}")
+        super().__init__(nan_strategy=_NAN[nan_strategy])
+
+    def update(self, value, weight=1.0) -> None:
+        """Adds one update: ``value`` (number or tensor), ``weight`` broadcastable to it."""
+        _check_inputs(self._label, self.bad.device, value, weight)
+        super().update(value=value, weight=weight)
+
+    _forward_on_state = True  # the batch value is read back from the state (_batch_value)
+
+
+class RunningMean(_ValueUpdates):
     """Mean of the values of the last ``window`` updates, weighted like
     ``MeanMetric`` (``update(value, weight=1.0)``).
 
@@ -83,9 +102,7 @@ class RunningMean(Metric):
     """
 
     def __init__(self, window: int = 5, nan_strategy: str = "warn"):
-        A.check(isinstance(nan_strategy, str) and nan_strategy in _NAN, "RunningMean", "nan_strategy",
-                f"must be one of {tuple(_NAN)}, got {nan_strategy!r}")
-        super().__init__(nan_strategy=_NAN[nan_strategy])
+        super().__init__(nan_strategy)
         A.check_int("RunningMean", "window", window)
         self.window = window
         self.add_state("ring", shape=(window, 2))
@@ -95,13 +112,7 @@ class RunningMean(Metric):
     def __repr__(self) -> str:
         return f"RunningMean(window={self.window})"
 
-    def update(self, value, weight=1.0) -> None:
-        """Adds one update: ``value`` (number or tensor), ``weight`` broadcastable to it."""
-        _check_inputs(self._label, self.ring.device, value, weight)
-        super().update(value=value, weight=weight)
-
-    _forward_on_state = True  # the slot an update writes depends on `seen`
-
+    # forward on the state: the slot an update writes depends on `seen`
     def _batch_value(self) -> torch.Tensor:
         """The batch's own mean (torchmetrics' ``RunningMean`` forward), read
         back from the ring slot the update just wrote."""
@@ -118,7 +129,7 @@ class RunningMean(Metric):
         return ring[:, 0].sum() / ring[:, 1].sum()
 
 
-class ExponentialMovingAverage(Metric):
+class ExponentialMovingAverage(_ValueUpdates):
     """Exponentially weighted mean of the values of all updates so far: an
     update ``t`` steps back weighs ``decay**t`` (times its own weights),
     ``update(value, weight=1.0)`` as ``MeanMetric``.
@@ -146,11 +157,9 @@ class ExponentialMovingAverage(Metric):
     """
 
     def __init__(self, decay: float = 0.99, nan_strategy: str = "warn"):
-        A.check(isinstance(nan_strategy, str) and nan_strategy in _NAN, "ExponentialMovingAverage", "nan_strategy",
-                f"must be one of {tuple(_NAN)}, got {nan_strategy!r}")
         A.check(isinstance(decay, numbers.Real) and not isinstance(decay, bool) and 0.0 <= float(decay) < 1.0,
                 "ExponentialMovingAverage", "decay", f"must be a real number in [0, 1), got {decay!r}")
-        super().__init__(nan_strategy=_NAN[nan_strategy])
+        super().__init__(nan_strategy)
         self.decay = float(decay)
         self.add_state("sums", shape=(2,))
         self.add_state("last", shape=(2,))
@@ -159,12 +168,7 @@ class ExponentialMovingAverage(Metric):
     def __repr__(self) -> str:
         return f"ExponentialMovingAverage(decay={self.decay})"
 
-    def update(self, value, weight=1.0) -> None:
-        """Decays the state, then adds one update: ``value`` (number or tensor), ``weight`` broadcastable to it."""
-        _check_inputs(self._label, self.sums.device, value, weight)
-        super().update(value=value, weight=weight)
-
-    _forward_on_state = True  # the update scales the whole state: a scratch copy cannot be folded in
+    # forward on the state: the update scales the whole state (a scratch copy cannot be folded in)
 
     def _batch_value(self) -> torch.Tensor:
         """The batch's own weighted mean."""

@@ -256,16 +256,29 @@ def test_cuda_matches_reference(dtype, n, C, top_ks):
         assert_sums_close(got[2][1:], want[2][1:], "nll")
 
 
-def test_scores_several_chunks_with_confmat(backend):
+def _class_strided(x: torch.Tensor) -> torch.Tensor:
+    """``x`` [R, C] with the same values, classes R apart (as one sample of a
+    channel-first [N, C, H, W] batch seen as [H*W, C])."""
+    out = x.t().contiguous().t()
+    assert out.stride() == (1, x.shape[0]) or x.shape[0] <= 1
+    return out
+
+
+@pytest.mark.parametrize("layout", ["rows", "class_strided"])
+def test_scores_several_chunks_with_confmat(backend, layout):
     """Enough rows for several CPU chunks: the confusion matrix goes through the
-    per-row cells (not privatised), the counts through private slices."""
+    per-row cells (not privatised), the counts through private slices; with
+    class-strided scores, top-1 alone (the column scan) and with top-3 (tiles)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(max(2, threads))
     try:
         n, C = 40_000, 10
         preds = sprinkle(torch.randn(n, C))
         target = torch.randint(-1, C + 1, (n,))
-        run_and_compare(backend, preds, target, torch.rand(n) > 0.1, C=C, top_ks=(1, 3), ignore_index=0)
+        if layout == "class_strided":
+            preds = _class_strided(preds)
+        for top_ks in [(1,), (1, 3)]:
+            run_and_compare(backend, preds, target, torch.rand(n) > 0.1, C=C, top_ks=top_ks, ignore_index=0)
     finally:
         torch.set_num_threads(threads)
 
@@ -434,14 +447,6 @@ def test_empty_top_ks_needs_nll_scores():
                            stats=f64(0, 3, C), extras=f64(2), bad=f64(1), top_ks=(), nll=True)
 
 
-def _class_strided(x: torch.Tensor) -> torch.Tensor:
-    """``x`` [R, C] with the same values, classes R apart (as one sample of a
-    channel-first [N, C, H, W] batch seen as [H*W, C])."""
-    out = x.t().contiguous().t()
-    assert out.stride() == (1, x.shape[0]) or x.shape[0] <= 1
-    return out
-
-
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 @pytest.mark.parametrize("C", [2, 5, 21, 33, 150])
 def test_class_strided_scores_read_in_place(backend, dtype, C):
@@ -470,19 +475,6 @@ def test_class_strided_scores_read_in_place(backend, dtype, C):
     sample = batch[1].movedim(0, -1).reshape(-1, C)
     assert sample.data_ptr() == batch[1].data_ptr() and sample.stride(1) == 9 * 13
     run_and_compare(backend, sample, torch.randint(0, C, (9 * 13,), generator=g), C=C)
-
-
-def test_class_strided_several_chunks(backend):
-    threads = torch.get_num_threads()
-    torch.set_num_threads(max(2, threads))
-    try:
-        n, C = 40_000, 10
-        x = sprinkle(torch.randn(n, C))
-        target = torch.randint(-1, C + 1, (n,))
-        for top_ks in [(1,), (1, 3)]:  # the column scan (top-1) and the staged tiles
-            run_and_compare(backend, _class_strided(x), target, torch.rand(n) > 0.1, C=C, top_ks=top_ks, ignore_index=0)
-    finally:
-        torch.set_num_threads(threads)
 
 
 @needs_cpp
