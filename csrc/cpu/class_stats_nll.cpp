@@ -8,6 +8,8 @@
 // header at::vec includes from outside its CPU_CAPABILITY namespace is
 // included first, built for the baseline, so no inline function shared with
 // another file gets an AVX2 body (the linker keeps one copy of each).
+// Where torch itself runs AVX-512 kernels, the sum of exps takes a 64-byte
+// build of the same loop (raw intrinsics, sum_exp_512).
 #include "class_stats_nll.h"
 
 #include <ATen/NumericUtils.h>
@@ -42,6 +44,94 @@
 
 #if defined(D9D_HAS_TARGET_REGION)
 #include <immintrin.h>
+
+// The sum of exps in 64-byte lanes, for CPUs where torch itself runs
+// AVX-512 kernels: raw intrinsics (at::vec is built for one width per
+// translation unit, AVX2 below), the same exp and the same 16 terms per
+// float lane before a double add. noinline and instantiated here: the
+// AVX2 code below calls them after d9d::nll_512_ok().
+D9D_TARGET_BEGIN("avx512f,fma,f16c")
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // inside avx512fintrin.h's cvtepu16 (GCC 12)
+namespace d9d {
+namespace {
+
+// exp_nonpos (below) on 16 lanes.
+inline __m512 exp_nonpos16(__m512 d) {
+  const __m512 x = _mm512_max_ps(d, _mm512_set1_ps(-87.0f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+  return _mm512_mul_ps(p, _mm512_castsi512_ps(e));
+}
+
+// 16 scores at x as floats (float16/bfloat16: exact conversion).
+template <class T>
+inline __m512 load16_512(const T* x) {
+  if constexpr (std::is_same_v<T, float>) {
+    return _mm512_loadu_ps(x);
+  } else {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
+    if constexpr (std::is_same_v<T, c10::Half>) {
+      return _mm512_cvtph_ps(h);
+    } else {  // bfloat16: the top half of the float's bits
+      return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    }
+  }
+}
+
+}  // namespace
+
+template <class T>
+__attribute__((noinline)) double sum_exp_512(const T* x, int64_t C, float m) {
+  constexpr int64_t kBlock512 = 16 * 4 * 16;
+  const __m512 vm = _mm512_set1_ps(m);
+  double total = 0.0;
+  int64_t j = 0;
+  const int64_t full = C - C % 64;
+  while (j < full) {
+    __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+    // no std::min here: a template instantiated in this region would get an AVX-512 body
+    for (const int64_t stop = j + kBlock512 < full ? j + kBlock512 : full; j < stop; j += 64) {
+      s0 = _mm512_add_ps(s0, exp_nonpos16(_mm512_sub_ps(load16_512(x + j), vm)));
+      s1 = _mm512_add_ps(s1, exp_nonpos16(_mm512_sub_ps(load16_512(x + j + 16), vm)));
+      s2 = _mm512_add_ps(s2, exp_nonpos16(_mm512_sub_ps(load16_512(x + j + 32), vm)));
+      s3 = _mm512_add_ps(s3, exp_nonpos16(_mm512_sub_ps(load16_512(x + j + 48), vm)));
+    }
+    alignas(64) float lanes[16];
+    _mm512_store_ps(lanes, _mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)));
+    for (int l = 0; l < 16; ++l) total += lanes[l];
+  }
+  for (; j < C; ++j) total += std::exp(static_cast<double>(static_cast<float>(x[j]) - m));
+  return total;
+}
+
+template double sum_exp_512<float>(const float*, int64_t, float);
+template double sum_exp_512<c10::Half>(const c10::Half*, int64_t, float);
+template double sum_exp_512<c10::BFloat16>(const c10::BFloat16*, int64_t, float);
+
+}  // namespace d9d
+#pragma GCC diagnostic pop
+D9D_TARGET_END
+
+namespace d9d {
+// torch runs its own AVX-512 kernels here (ATEN_CPU_CAPABILITY=avx2 or
+// default turns this off as it does torch's), and the CPU has the features.
+bool nll_512_ok() {
+  static const bool yes = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("fma") &&
+                          at::get_cpu_capability() == "AVX512";
+  return yes;
+}
+}  // namespace d9d
 
 D9D_TARGET_BEGIN("avx2,fma,f16c")
 #pragma GCC diagnostic ignored "-Wunknown-pragmas"  // at::vec's `#pragma unroll`
@@ -140,6 +230,7 @@ bool nll_vec_max(const T* x, int64_t C, float* max) {
 
 template <class T>
 double nll_vec_sum_exp(const T* x, int64_t C, float m) {
+  if (nll_512_ok()) return sum_exp_512(x, C, m);
   const FVec vm(m);
   FVec a, b, c, d;
   double total = 0.0;
