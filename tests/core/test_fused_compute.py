@@ -189,3 +189,37 @@ def test_weighted_mean_zero_weight_sum_is_nan_on_every_path(monkeypatch):
         monkeypatch.setattr(fused.GV, "group_values_ok", lambda device, ok=ok: ok and device.type == "cpu")
         assert math.isnan(g.compute()["mean"].item()) and math.isnan(g["mean"].compute().item())
         assert math.isnan(g.compute_to_host().result()["mean"])
+
+
+@pytest.mark.parametrize("nan_strategy", ["error", "propagate"])
+def test_group_values_binary_and_multilabel_equal_their_own_formulas(monkeypatch, nan_strategy):
+    """Label-layout rows of the op (binary: micro over one label; multilabel:
+    every average) against the torch formulas, NaN propagation included."""
+    from d9d_kernels.metrics.formulas import fused
+
+    L = 4
+    ml = dict(task="multilabel", num_labels=L, nan_strategy=nan_strategy)
+    g = dk.MetricGroup({
+        "acc": dk.Accuracy(**ml, average="macro"), "f1": dk.F1Score(**ml, average="micro"),
+        "p_none": dk.Precision(**ml, average="none"), "r_w": dk.Recall(**ml, average="weighted"),
+        "spec": dk.Specificity(**ml, average="macro"), "jac": dk.JaccardIndex(**ml, average="macro"),
+        "fb": dk.FBetaScore(**ml, beta=0.5, average="macro"),
+    })
+    b = dk.MetricGroup({"bacc": dk.Accuracy(task="binary", nan_strategy=nan_strategy),
+                        "bf1": dk.F1Score(task="binary", nan_strategy=nan_strategy)})
+    gen = torch.Generator().manual_seed(5)
+    for _ in range(3):
+        g.update(preds=torch.rand(30, L, generator=gen), target=torch.randint(0, 2, (30, L), generator=gen))
+        b.update(preds=torch.rand(30, generator=gen), target=torch.randint(0, 2, (30,), generator=gen))
+    if nan_strategy == "propagate":
+        p = torch.rand(2, L, generator=gen)
+        p[0, 1] = float("nan")
+        g.update(preds=p, target=torch.zeros(2, L, dtype=torch.int64))
+    for grp in (g, b):
+        native = grp.compute()
+        assert set(grp.__dict__["_fused_plan"].native) == set(grp.keys())
+        own = {n: m._compute_unchecked(m._states()) for n, m in grp.items()}
+        for n in own:
+            torch.testing.assert_close(native[n], own[n], rtol=1e-13, atol=1e-15, equal_nan=True, msg=n)
+        if nan_strategy == "propagate" and grp is g:
+            assert all(torch.isnan(v).all() for v in native.values())
