@@ -402,6 +402,13 @@ def sync_section(rows, targets: list) -> list[str]:
             r2 = idx[("torchmetrics", w, k16)]["_p50"] / idx[("d9d", w, k16)]["_p50"] if ("d9d", w, k16) in idx else float("nan")
             targets.append(("sync", f"torchmetrics / d9d at K=16, world={w} (sync+compute; sync only)", "≥ 10×",
                             f"{r:.1f}×; {r2:.1f}×", r >= 10))
+        kmax = Ks[-1] if Ks else None
+        if w == 2 and kmax and ("d9d", w, kmax) in idx and ("d9d_compute", w, kmax) in idx:
+            sync_t = idx[("d9d", w, kmax)]["_p50"]
+            comp = idx[("d9d_compute", w, kmax)]["_p50"] - sync_t
+            targets.append(("sync", f"compute() of the K={kmax} group / its sync, world={w} "
+                            "((sync+compute − sync) / sync)", "≤ 0.25×",
+                            f"{comp / sync_t:.2f}× ({_fmt_t(comp)} vs {_fmt_t(sync_t)})", comp / sync_t <= 0.25))
     lines.append("")
     return lines
 
