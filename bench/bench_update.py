@@ -10,7 +10,7 @@ Targets: >= 20x faster than torchmetrics default, >= 3x faster than
 torcheval, no slower than plain torch.
 
     python bench/bench_update.py [--quick] [--out bench/results/update.csv]
-    python bench/bench_update.py --segmentation only --out bench/results/bench_update_segmentation.csv
+    python bench/bench_update.py --segmentation only  # -> bench/results/bench_update_segmentation.csv
     python bench/bench_update.py --hostcost only     # -> bench/results/bench_update_hostcost.csv
 
 ``--forward``: the same group's ``forward`` (``g(preds=..., target=...)`` and
@@ -239,12 +239,14 @@ def main(argv=None) -> int:
                 print(f"{BENCH}: C={C:<5d} N={N:<6d} {prov:<18s} {st.p50 * 1e6:>12.1f} us  "
                       f"[p20 {st.p20 * 1e6:.1f}, p80 {st.p80 * 1e6:.1f}]", flush=True)
                 del g
-    if a.segmentation != "off":
-        rows.extend(segmentation_rows(a, timing, dev))
+    if a.segmentation != "off":  # its own CSV beside --out, as the memory and host-cost ones
+        seg = harness.write_csv(Path(a.out).with_name(f"{BENCH}_segmentation.csv"), segmentation_rows(a, timing, dev))
+        print(f"{BENCH}: wrote {seg}")
     if a.hostcost != "off" and a.segmentation != "only":
         hostcost_rows(a, timing, dev)
-    harness.write_csv(a.out, rows)
-    print(f"{BENCH}: wrote {a.out} ({len(rows)} rows)")
+    if rows:
+        harness.write_csv(a.out, rows)
+        print(f"{BENCH}: wrote {a.out} ({len(rows)} rows)")
     return 0
 
 

@@ -46,7 +46,8 @@ def tiny_run(tmp_path_factory):
 
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("name,providers", [
-    ("update", set(pv.UPDATE_PROVIDERS) | {"d9d_movedim_copy"}),  # + the segmentation section
+    ("update", set(pv.UPDATE_PROVIDERS)),
+    ("update_segmentation", {"d9d", "d9d_movedim_copy", "torchmetrics", "torchmetrics_fast", "plain_torch"}),
     ("sync", {"d9d", "d9d_compute", "torchmetrics", "torcheval", "raw_all_reduce"}),
     ("training", {"none", "d9d", "torchmetrics", "torchmetrics_fast"}),
     ("ring", {"raw_all_reduce"}),
@@ -64,7 +65,8 @@ def test_csv_well_formed(tiny_run, name, providers):
 
     for r in report.load(out / f"bench_{name}.csv"):
         assert 0 < r["_p20"] <= r["_p50"] <= r["_p80"], r
-    assert (out / f"bench_{name}.png").stat().st_size > 1000
+    if name != "update_segmentation":  # a table in the report, no plot
+        assert (out / f"bench_{name}.png").stat().st_size > 1000
 
 
 @pytest.mark.timeout(900)
