@@ -333,9 +333,8 @@ void rows_columns(const Args& a, const Out& o, const T* preds, int64_t cs, const
     }
     for (int64_t i = 0; i < m; ++i) {
       const int64_t r = rb + i;
-      if (has_m && !ms[r]) continue;
       const int64_t t = tg[r];
-      if (!kept(true, a.has_ignore, t, a.ignore_index)) continue;
+      if (!kept(!has_m || ms[r], a.has_ignore, t, a.ignore_index)) continue;
       if (!class_in_range(t, a.C) || !ok[i] || !(best[i] > -std::numeric_limits<V>::infinity())) {
         o.bad[0] += 1.0;
         continue;

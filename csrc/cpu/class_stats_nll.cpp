@@ -45,6 +45,27 @@
 #if defined(D9D_HAS_TARGET_REGION)
 #include <immintrin.h>
 
+namespace d9d {
+namespace {
+
+// exp(d) for d = score - row max <= 0 (or -Inf, a masked logit), to ~1 ulp:
+// 2^n * exp(r) with n = round(d * log2 e), |r| <= ln 2 / 2 in two-part
+// Cody-Waite, exp(r) by Cephes' expf polynomial (kExpP, highest degree
+// first). Sleef's expf8 handles the whole float range (overflow, denormal
+// results) at about twice the instructions; here d is never positive and a
+// result below 2^-126 adds nothing to a sum that holds exp(0) = 1, so d is
+// clamped at kExpMin instead. exp_nonpos (8 lanes) and exp_nonpos16 (16
+// lanes) below are this one recipe at two widths.
+constexpr float kExpMin = -87.0f;
+constexpr float kLog2e = 1.44269504088896341f;
+constexpr float kLn2Hi = 0.693359375f;
+constexpr float kLn2Lo = -2.12194440e-4f;
+constexpr float kExpP[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f,
+                            4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f};
+
+}  // namespace
+}  // namespace d9d
+
 // The sum of exps in 64-byte lanes, for CPUs where torch itself runs
 // AVX-512 kernels: raw intrinsics (at::vec is built for one width per
 // translation unit, AVX2 below), the same exp and the same 16 terms per
@@ -56,19 +77,15 @@ D9D_TARGET_BEGIN("avx512f,fma,f16c")
 namespace d9d {
 namespace {
 
-// exp_nonpos (below) on 16 lanes.
+// The exp recipe above on 16 lanes.
 inline __m512 exp_nonpos16(__m512 d) {
-  const __m512 x = _mm512_max_ps(d, _mm512_set1_ps(-87.0f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+  const __m512 x = _mm512_max_ps(d, _mm512_set1_ps(kExpMin));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(kLog2e)),
                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Hi), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Lo), r);
+  __m512 p = _mm512_set1_ps(kExpP[0]);
+  for (int i = 1; i < 6; ++i) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kExpP[i]));
   p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
   const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
   return _mm512_mul_ps(p, _mm512_castsi512_ps(e));
@@ -161,24 +178,14 @@ constexpr int64_t kW = FVec::size();  // 8 floats
 // float sum within a few ulps (a float sum over a whole 128k row would not).
 constexpr int64_t kBlock = 16 * 4 * kW;
 
-// exp(d) for d = score - row max <= 0 (or -Inf, a masked logit), to ~1 ulp:
-// 2^n * exp(r) with n = round(d * log2 e), |r| <= ln 2 / 2 in two-part
-// Cody-Waite, exp(r) by Cephes' expf polynomial. Sleef's expf8 handles the
-// whole float range (overflow, denormal results) at about twice the
-// instructions; here d is never positive and a result below 2^-126 adds
-// nothing to a sum that holds exp(0) = 1, so d is clamped at -87 instead.
+// The exp recipe above on 8 lanes.
 inline FVec exp_nonpos(const FVec& d) {
-  const __m256 x = _mm256_max_ps(d, _mm256_set1_ps(-87.0f));
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  const __m256 x = _mm256_max_ps(d, _mm256_set1_ps(kExpMin));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(kLog2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Hi), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Lo), r);
+  __m256 p = _mm256_set1_ps(kExpP[0]);
+  for (int i = 1; i < 6; ++i) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kExpP[i]));
   p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
   const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
   return _mm256_mul_ps(p, _mm256_castsi256_ps(e));

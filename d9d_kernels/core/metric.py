@@ -417,7 +417,7 @@ class Metric(metaclass=_MetricMeta):
         self._warn_unsynced()
         return self._checked_compute(self._states())
 
-    def _checked_compute(self, states, buffers=None):
+    def _checked_compute(self, states):
         bad = self._bad_count(states)
         if bad is not None:
             count = bad.item()
@@ -425,16 +425,17 @@ class Metric(metaclass=_MetricMeta):
                 causes = self._bad_causes(states)
                 vals = torch.stack(list(causes.values())).tolist() if causes else []
                 self._raise_if_bad(count, dict(zip(causes, vals)))
-        return self._value_from(states, self._storage.current_buffers() if buffers is None else buffers)
+        return self._value_from(states, self._storage.current_buffers())
+
+    def _fused_value(self, buffers):
+        """This metric's value from ``buffers`` by the catalogue's fused formula
+        (the same bits as in a group's compute), or None where it has none."""
+        return FUSED["member"](self, buffers) if "member" in FUSED else None
 
     def _value_from(self, states, buffers):
-        """The value of ``states`` (views into ``buffers``): the fused formula
-        where the catalogue has one (the same bits as in a group's compute), else ``_compute``."""
-        if "member" in FUSED:
-            v = FUSED["member"](self, buffers)
-            if v is not None:
-                return v
-        return self._compute_unchecked(states)
+        """The value of ``states`` (views into ``buffers``): the fused formula, else ``_compute``."""
+        v = self._fused_value(buffers)
+        return self._compute_unchecked(states) if v is None else v
 
     def _warn_unsynced(self) -> None:
         d = self.__dict__
@@ -490,7 +491,7 @@ class Metric(metaclass=_MetricMeta):
             ok = True
         finally:
             views = st.forward_end(fold=ok)
-        v = FUSED["member"](self, st.scratch) if "member" in FUSED else None
+        v = self._fused_value(st.scratch)  # before building state views, which it does not need
         return detach_from(self._compute_unchecked(self._states(views)) if v is None else v, st)
 
     def _batch_value(self) -> torch.Tensor:

@@ -153,12 +153,12 @@ def _native_row(m, layout) -> tuple[list[int], float, int] | None:
     group_values op (csrc/kernels/group_values.h), or None where it has no formula for it."""
     t = type(m)
     if t in _MOMENTS:
-        j = m._stat_map["m"]
+        f = _moments_fields(m, layout)  # w and Σx at f[SUM][0], the pivot at f[REPLICA][0]
         code = GV.MEAN if t is WeightedMeanMetric else GV.SUM
-        return [code, 0, 0, 0, 1, _at(layout, j, "moments")[1], _at(layout, j, "pivot")[1], -1, 0], 0.0, 1
+        return [code, 0, 0, 0, 1, f[SUM][0], f[REPLICA][0], -1, 0], 0.0, 1
     if t in _EXTREMA:
-        o = _at(layout, m._stat_map["e"], "extrema")[1]
-        return ([GV.MAX, 0, 0, 0, 1, o, 0, -1, 0] if t is MaxMetric else [GV.MIN, 0, 0, 0, 1, o + 1, 0, -1, 0]), 0.0, 1
+        code = GV.MAX if t is MaxMetric else GV.MIN
+        return [code, 0, 0, 0, 1, _extrema_fields(m, layout)[MAX][0], 0, -1, 0], 0.0, 1
     if not _plain_classification(m):
         return None
     code = next((c for cls, c in _NATIVE_CLASSES if isinstance(m, cls) and t._formula is cls._formula), None)
@@ -197,7 +197,6 @@ class FusedPlan:
 
     def __init__(self, members: dict, layout, native: bool):
         self.order = list(members)
-        self.native: list[str] = []  # scalar outputs first, then vectors (one unbind, one split)
         rows = []
         if native:
             for name, m in members.items():
@@ -205,9 +204,10 @@ class FusedPlan:
                 if r is not None:
                     rows.append((r[0][1] == GV.AVERAGES["none"], name, r))
             rows.sort(key=lambda t: t[0])  # stable: member order within scalars and vectors
-        self.native = [name for _, name, _ in rows]
+        # scalar outputs first, then vectors (one unbind, one split)
+        self.native: list[str] = [name for _, name, _ in rows]
+        self.native_shapes = [(r[2],) if vec else () for vec, _, r in rows]
         self.n_scalar = sum(1 for vec, _, _ in rows if not vec)
-        self.vector_shapes = [(r[2],) for vec, _, r in rows if vec]
         program, pos = [], 0
         for _, _, (prog, _, size) in rows:
             program.append(prog[:-1] + [pos])
@@ -305,8 +305,8 @@ def _native(plan: FusedPlan, bufs) -> dict:
     out = _native_out(plan, bufs)
     k = plan.n_scalar
     vals = list(out[:k].unbind(0)) if k else []
-    if plan.vector_shapes:
-        vals += out[k:].split([s[0] for s in plan.vector_shapes])
+    if k < len(plan.native):
+        vals += out[k:].split([s[0] for s in plan.native_shapes[k:]])
     return dict(zip(plan.native, vals))
 
 
@@ -413,8 +413,7 @@ def fused_compute_to_host(group, keys: dict):
     pos = 0
     if plan.native:  # already packed: scalars, then vectors
         parts.append(_native_out(plan, bufs))
-        shapes = [()] * plan.n_scalar + plan.vector_shapes
-        for name, shape in zip(plan.native, shapes):
+        for name, shape in zip(plan.native, plan.native_shapes):
             seg[name] = (pos, shape)
             pos += math.prod(shape)
     if plan.families:
