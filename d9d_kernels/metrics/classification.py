@@ -191,9 +191,7 @@ class _Classification(Metric):
         if vocab is not None:
             self._check_vocab(preds, target, mask)
             name = type(self).__name__
-            split = resolve(name, vocab, preds, target)
-            A.check(split.total == self.num_classes, name, "vocab",
-                    f"shards tile a vocabulary of {split.total} but num_classes={self.num_classes}")
+            split = resolve(name, vocab, preds, target, self.num_classes)
             self._feed({"stats": dict(preds=preds, target=target, mask=mask, vocab=split)})
             return
         preds_cl, target_cl = self._check_inputs(preds, target, mask)

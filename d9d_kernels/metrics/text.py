@@ -160,10 +160,7 @@ class Perplexity(Metric):
             A.check(tuple(lse.shape) == ts, "Perplexity", "lse", f"must have target's shape {ts}, got {tuple(lse.shape)}")
             A.check(lse.device == preds.device, "Perplexity", "lse", f"must be on preds' device {preds.device}")
         if vocab is not None:
-            split = resolve("Perplexity", vocab, preds, target)
-            if self.num_classes is not None:
-                A.check(split.total == self.num_classes, "Perplexity", "vocab",
-                        f"shards tile a vocabulary of {split.total} but num_classes={self.num_classes}")
+            split = resolve("Perplexity", vocab, preds, target, self.num_classes)
             kw = dict(preds=preds, target=target, mask=mask, vocab=split)
             self._feed({"nll": kw if lse is None else dict(kw, lse=lse)})
             return

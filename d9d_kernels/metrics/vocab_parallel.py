@@ -38,6 +38,7 @@ from typing import Any
 import torch
 
 from d9d_kernels import ops
+from d9d_kernels.metrics import _args as A
 from d9d_kernels.ops.row_sum_exp import row_sum_exp_ok
 from d9d_kernels.distributed import DistributedContext, as_context
 
@@ -112,13 +113,22 @@ class VocabSplit:
 _checked: dict[tuple, VocabSplit] = {}
 
 
-def resolve(metric: str, shard, preds: torch.Tensor, target: torch.Tensor) -> VocabSplit:
+def resolve(metric: str, shard, preds: torch.Tensor, target: torch.Tensor,
+            num_classes: int | None = None) -> VocabSplit:
     """The checked split of ``shard`` for logits ``preds`` ``[..., size]`` with
     ``target`` ``[...]``: one small all-gather of each rank's (rows, start,
     size, width) on the first call of a signature, then cached. Raises
     ``ValueError`` naming ``metric`` on every tp rank when the shards do not
-    tile ``[0, V)``, a rank's logits width is not its size, or the rank row
-    counts differ."""
+    tile ``[0, V)``, a rank's logits width is not its size, the rank row
+    counts differ, or V is not ``num_classes`` (when given)."""
+    split = _resolve(metric, shard, preds, target)
+    if num_classes is not None:
+        A.check(split.total == num_classes, metric, "vocab",
+                f"shards tile a vocabulary of {split.total} but num_classes={num_classes}")
+    return split
+
+
+def _resolve(metric: str, shard, preds: torch.Tensor, target: torch.Tensor) -> VocabSplit:
     if not isinstance(shard, VocabShard):
         raise TypeError(f"{metric}: argument 'vocab' must be a dk.VocabShard, got {type(shard).__name__}")
     ctx = shard.ctx
