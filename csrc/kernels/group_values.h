@@ -55,14 +55,6 @@ struct Counts {
 // A class-sum partial: the micro sums and the weighted score sums.
 struct Partial {
   double tp = 0.0, fp = 0.0, tn = 0.0, fn = 0.0, ws = 0.0, w = 0.0;
-  D9D_HD void add(const Partial& o) {
-    tp += o.tp;
-    fp += o.fp;
-    tn += o.tn;
-    fn += o.fn;
-    ws += o.ws;
-    w += o.w;
-  }
 };
 
 // formulas.classification.safe_div: 0 where the denominator is 0.
