@@ -75,7 +75,7 @@ def case_running_extrema(N, C):
 
 def case_class_stats_indices(N, C):
     p, t = randint(C, (N,)), randint(C, (N,))
-    st, ex, bad = f64(1, 3, C), f64(2), f64(1)
+    st, ex, bad = f64(1, 3, C), f64(2), f64(2)
     run = lambda b: dk.ops.class_stats(p, t, num_classes=C, stats=st, extras=ex, bad=bad, backend=b)  # noqa: E731
     raw = lambda: torch.ops.d9d_kernels.class_stats.default(p, t, None, C, None, [1], False, st, None, ex, bad)  # noqa: E731
     return run, raw, 2 * N * 8, 3 * N * C * 8
@@ -85,7 +85,7 @@ def case_class_stats_logits(N, C):
     # the GPU plan's vocabulary-sized rows are bfloat16, as a language model's logits
     p, t = randn(N, C, dtype=torch.bfloat16 if C >= 100_000 else None), randint(C, (N,))
     ks = (1, 5) if C >= 5 else (1,)
-    st, ex, bad = f64(len(ks), 3, C), f64(2), f64(1)
+    st, ex, bad = f64(len(ks), 3, C), f64(2), f64(2)
     run = lambda b: dk.ops.class_stats(p, t, num_classes=C, stats=st, extras=ex, bad=bad, top_ks=ks, nll=True, backend=b)  # noqa: E731
     raw = lambda: torch.ops.d9d_kernels.class_stats.default(p, t, None, C, None, list(ks), True, st, None, ex, bad)  # noqa: E731
     return run, raw, N * C * p.element_size() + N * 8, 7 * N * C * 8
@@ -93,7 +93,7 @@ def case_class_stats_logits(N, C):
 
 def case_binary_stats(N, C):
     p, t = randn(N), randint(2, (N,))
-    st, bad = f64(1, 4), f64(1)
+    st, bad = f64(1, 4), f64(2)
     run = lambda b: dk.ops.binary_stats(p, t, state=st, bad=bad, backend=b)  # noqa: E731
     raw = lambda: torch.ops.d9d_kernels.binary_stats.default(p[:, None], t[:, None], None, 0.5, None, 2, st, bad)  # noqa: E731
     return run, raw, N * 12, 10 * N * 8
@@ -101,7 +101,7 @@ def case_binary_stats(N, C):
 
 def case_score_histogram(N, C):
     p, t = rand(N), randint(2, (N,))
-    h, bad = f64(2, 1, C), f64(1)
+    h, bad = f64(2, 1, C), f64(2)
     run = lambda b: dk.ops.score_histogram(p, t, hist=h, bad=bad, backend=b)  # noqa: E731
     raw = lambda: torch.ops.d9d_kernels.score_histogram.default(p[:, None], t[:, None], None, None, 2, False, h, bad)  # noqa: E731
     return run, raw, N * 12, 10 * N * 8

@@ -44,7 +44,7 @@ def update_layers(shapes: list[str]) -> None:
         d = pv.make_update_group("d9d", C)
         pt = pv.make_update_group("plain_torch", C)
         f64 = dict(dtype=torch.float64)
-        stats, ex, bad, cm = torch.zeros(2, 3, C, **f64), torch.zeros(2, **f64), torch.zeros(1, **f64), torch.zeros(C, C, **f64)
+        stats, ex, bad, cm = torch.zeros(2, 3, C, **f64), torch.zeros(2, **f64), torch.zeros(2, **f64), torch.zeros(C, C, **f64)
         wm, wb = torch.zeros(9, **f64), torch.zeros(1, **f64)
         x, w = loss.reshape(1), torch.full((1,), float(nn))
         k = min(5, C)

@@ -18,8 +18,11 @@ Conventions shared by all ops
   elements: a dropped element changes no slot at all.
 * Nothing is checked on the host that needs the data: elements that are bad
   (a NaN/Inf value, a class index out of range) are *counted* into the
-  ``bad`` counter (float64 ``[1]``) on the device, and the metric raises at
-  ``compute()``.
+  ``bad`` counter on the device, and the metric raises at ``compute()``.
+  ``bad`` is float64 ``[1]`` where there is one cause (a non-finite value:
+  weighted_moments, running_extrema) and ``[2]`` where there are two
+  (class_stats, binary_stats, score_histogram): ``[0]`` a bad target (or
+  class index), ``[1]`` a NaN/Inf prediction with a good target.
 * Nothing here reads tensor data on the host, so the reference also runs
   under ``torch.compile(fullgraph=True)``.
 """
@@ -34,6 +37,7 @@ __all__ = [
     "weighted_moments",
     "class_stats",
     "valid_score_rows",
+    "add_bad",
     "binary_stats",
     "score_histogram",
     "running_extrema",
@@ -159,17 +163,31 @@ def valid_score_rows(scores: torch.Tensor) -> torch.Tensor:
     return (scores < float("inf")).all(dim=-1) & (scores > float("-inf")).any(dim=-1)
 
 
-def _class_scores_valid(preds, target, valid, num_classes, ignore_index):
-    """Returns (valid rows, bad rows) for class_stats."""
+def add_bad(bad: torch.Tensor, keep: torch.Tensor, target_ok: torch.Tensor, preds_ok: torch.Tensor) -> torch.Tensor:
+    """Counts the kept entries by cause into ``bad`` [2] and returns the valid ones.
+
+    ``bad[0]`` += kept entries whose target is invalid, ``bad[1]`` += kept
+    entries with a valid target and an invalid (NaN/Inf) prediction: the
+    target is judged first, so a padding label is reported as such whatever
+    its logits hold, and ``nan_strategy`` (which applies to predictions only)
+    never hides a bad label.
+    """
+    t_bad = keep & ~target_ok
+    p_bad = keep & target_ok & ~preds_ok
+    bad.add_(torch.stack([t_bad.sum(dtype=torch.float64), p_bad.sum(dtype=torch.float64)]))
+    return keep & target_ok & preds_ok
+
+
+def _class_scores_valid(preds, target, valid, num_classes, ignore_index, bad):
+    """Valid rows of class_stats; counts the bad ones into ``bad`` [2]."""
     keep = valid.clone()
     if ignore_index is not None:
         keep = keep & (target != ignore_index)
-    in_range = (target >= 0) & (target < num_classes)
+    target_ok = (target >= 0) & (target < num_classes)
     if preds.is_floating_point():
-        in_range = in_range & valid_score_rows(preds) if preds.numel() else in_range
-    else:
-        in_range = in_range & (preds >= 0) & (preds < num_classes)
-    return keep & in_range, keep & ~in_range
+        return add_bad(bad, keep, target_ok, valid_score_rows(preds) if preds.numel() else keep)
+    # an index pred out of range is a label mistake as well (counted with the targets)
+    return add_bad(bad, keep, target_ok & (preds >= 0) & (preds < num_classes), torch.ones_like(keep))
 
 
 def class_stats(
@@ -207,11 +225,12 @@ def class_stats(
             ``[k, 2, c]`` rows with target c.
         confmat: float64 ``[C, C]`` or ``None``; ``confmat[target, argmax] += 1``.
         extras: float64 ``[2]``: ``[0]`` += valid rows, ``[1]`` += NLL sum.
-        bad: float64 ``[1]``; += rows (kept by mask/ignore_index) whose target
-            is outside ``[0, C)``, whose index pred is outside ``[0, C)``, or
-            whose scores hold a NaN or +Inf or are all -Inf (``valid_score_rows``:
-            -Inf alone is a masked logit, ranked last; a -Inf target score
-            gives an infinite NLL). Bad rows change nothing else.
+        bad: float64 ``[2]``, rows kept by mask/ignore_index that are left
+            out, by cause: ``[0]`` += rows whose target (or index pred) is
+            outside ``[0, C)``; ``[1]`` += the other rows whose scores hold a
+            NaN or +Inf or are all -Inf (``valid_score_rows``: -Inf alone is
+            a masked logit, ranked last; a -Inf target score gives an
+            infinite NLL). Bad rows change nothing else.
     """
     C = num_classes
     target = target.reshape(-1).to(torch.int64)
@@ -219,8 +238,7 @@ def class_stats(
     valid = _valid((n,), target.device, mask).reshape(-1)
     scores = preds.is_floating_point()
     preds = preds.reshape(n, C) if scores else preds.reshape(-1).to(torch.int64)
-    ok, is_bad = _class_scores_valid(preds, target, valid, C, ignore_index)
-    bad.add_(is_bad.sum(dtype=torch.float64).reshape(1))
+    ok = _class_scores_valid(preds, target, valid, C, ignore_index, bad)
     okf = ok.to(torch.float64)
     tgt = torch.where(ok, target, torch.zeros_like(target))
     one_hot_t = torch.zeros(n, C, dtype=torch.float64, device=target.device)
@@ -297,7 +315,8 @@ def binary_stats(
             iff any valid pred of this call is outside [0, 1]); integer preds
             are always probabilities.
         state: float64 ``[L, 4]``: per label ``tp, fp, tn, fn``; added to.
-        bad: float64 ``[1]``; += valid entries whose target is not 0/1 or
+        bad: float64 ``[2]``, valid entries left out, by cause: ``[0]`` +=
+            entries whose target is not 0/1; ``[1]`` += the other entries
             whose pred is NaN/Inf (after ``input_kind`` inference for
             INPUT_AUTO, an Inf logit counts as bad too). Bad entries change
             nothing else.
@@ -311,8 +330,7 @@ def binary_stats(
         keep = keep & (target != ignore_index)
     t = _f64(target)
     p = _f64(preds)
-    ok = keep & ((t == 0) | (t == 1)) & torch.isfinite(p)
-    bad.add_((keep & ~ok).sum(dtype=torch.float64).reshape(1))
+    ok = add_bad(bad, keep, (t == 0) | (t == 1), torch.isfinite(p))
     kind = input_kind if preds.is_floating_point() else INPUT_PROBS
     prob = _to_probs(p, ok, kind, None)
     pos = prob > threshold
@@ -355,9 +373,10 @@ def score_histogram(
         hist: float64 ``[2, L, B]``; ``hist[0, l, b]`` += positives of label l
             whose probability falls in bin b, ``hist[1, l, b]`` += negatives.
             Bin of p is ``clamp(floor(p * B), 0, B - 1)``.
-        bad: float64 ``[1]``; += valid entries (rows when multiclass) with a
-            target outside {0, 1} (outside [0, L) when multiclass) or a
-            NaN/Inf pred. Bad entries change nothing else.
+        bad: float64 ``[2]``, valid entries (rows when multiclass) left out,
+            by cause: ``[0]`` += those with a target outside {0, 1} (outside
+            [0, L) when multiclass); ``[1]`` += the other ones with a NaN/Inf
+            pred. Bad entries change nothing else.
     """
     n_lab, n_bins = hist.shape[1], hist.shape[2]
     preds = preds.reshape(-1, n_lab)
@@ -367,9 +386,7 @@ def score_histogram(
         target = target.reshape(-1).to(torch.int64)
         valid = _valid((n,), target.device, mask).reshape(-1)
         keep = valid if ignore_index is None else valid & (target != ignore_index)
-        ok = keep & (target >= 0) & (target < n_lab)
-        ok = ok & (torch.isfinite(p).all(1) if n else ok)
-        bad.add_((keep & ~ok).sum(dtype=torch.float64).reshape(1))
+        ok = add_bad(bad, keep, (target >= 0) & (target < n_lab), torch.isfinite(p).all(1) if n else keep)
         prob = _to_probs(p, ok[:, None].expand_as(p), input_kind, 1)
         tgt = torch.where(ok, target, torch.zeros_like(target))
         pos = torch.zeros(n, n_lab, dtype=torch.bool, device=p.device)
@@ -380,8 +397,7 @@ def score_histogram(
         valid = _valid(target.shape, target.device, mask).reshape(target.shape)
         keep = valid if ignore_index is None else valid & (target != ignore_index)
         t = _f64(target)
-        okm = keep & ((t == 0) | (t == 1)) & torch.isfinite(p)
-        bad.add_((keep & ~okm).sum(dtype=torch.float64).reshape(1))
+        okm = add_bad(bad, keep, (t == 0) | (t == 1), torch.isfinite(p))
         prob = _to_probs(p, okm, input_kind, None)
         pos = t == 1
     b = torch.clamp(torch.floor(torch.nan_to_num(prob) * n_bins), 0, n_bins - 1).to(torch.int64)

@@ -32,7 +32,7 @@ void run(const at::Tensor& preds, const at::Tensor& target, const std::optional<
   bool logits = input_kind == kInputLogits;
   if (input_kind == kInputAuto) logits = any_logit_entries<T>(p, t, m, has_m, has_ig, ig, n, L, grain);
 
-  const int64_t slice = L * 4 + 1;  // counts | bad
+  const int64_t slice = L * 4 + 2;  // counts | bad[2]
   const int64_t chunks = num_chunks(n, std::max<int64_t>(grain, slice / std::max<int64_t>(L, 1)),
                                     slice * int64_t(sizeof(double)));
   std::vector<double> priv(chunks > 1 ? chunks * slice : 0, 0.0);
@@ -44,8 +44,9 @@ void run(const at::Tensor& preds, const at::Tensor& target, const std::optional<
         const int64_t tv = t(i, j);
         if (!kept(!has_m || m(i, j), has_ig, tv, ig)) continue;
         const double v = static_cast<double>(p(i, j));
-        if (!binary_entry_ok(tv, v)) {
-          bd[0] += 1.0;
+        const int cause = binary_bad_cause(tv, v);
+        if (cause >= 0) {
+          bd[cause] += 1.0;
           continue;
         }
         st[j * 4 + binary_cell(is_positive(v, logits, thr), tv == 1)] += 1.0;
@@ -56,6 +57,7 @@ void run(const at::Tensor& preds, const at::Tensor& target, const std::optional<
     const double* s = priv.data() + c * slice;
     for (int64_t j = 0; j < L * 4; ++j) state[j] += s[j];
     bad[0] += s[L * 4];
+    bad[1] += s[L * 4 + 1];
   }
 }
 

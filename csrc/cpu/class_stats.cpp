@@ -55,7 +55,7 @@ void rows_indices(const Args& a, const Out& o, const Strided1<int64_t>& pr, cons
     if (!kept(true, a.has_ignore, t, a.ignore_index)) continue;
     const int64_t p = pr[i];
     if (!class_in_range(t, a.C) || !class_in_range(p, a.C)) {
-      o.bad[0] += 1.0;
+      o.bad[0] += 1.0;  // a label mistake, as a target out of range
       continue;
     }
     count_row(a, o, i, t, &p, p == t ? 0 : 1);
@@ -186,7 +186,7 @@ void rows_scan(const Args& a, const Out& o, const T* preds, int64_t rs, const T*
   int32_t top[kTopKBuffer];
   for_rows<V>(a, o, preds, rs, end, 0, tg, ms, has_m, b, e, [&](int64_t i, int64_t t, const V* x) {
     if (!topk_scan(x, a.C, a.kmax, sc, top)) {
-      o.bad[0] += 1.0;
+      o.bad[1] += 1.0;
       return;
     }
     count_row(a, o, i, t, top, rank_in(top, a.kmax, t));
@@ -207,7 +207,7 @@ void rows_sort(const Args& a, const Out& o, const T* preds, int64_t rs, const T*
       unmasked |= x[j] > -std::numeric_limits<V>::infinity();
     }
     if (!ok || !unmasked) {
-      o.bad[0] += 1.0;
+      o.bad[1] += 1.0;
       return;
     }
     std::iota(order.begin(), order.end(), int64_t(0));
@@ -228,7 +228,7 @@ void rows_one(const Args& a, const Out& o, const T* preds, int64_t rs, const T* 
   for_rows<T>(a, o, preds, rs, end, 0, tg, ms, has_m, b, e, [&](int64_t i, int64_t, const T* row) {
     const V v = static_cast<V>(row[0]);
     if (!(v - v == V(0))) {
-      o.bad[0] += 1.0;
+      o.bad[1] += 1.0;
       return;
     }
     valid += 1.0;
@@ -269,7 +269,7 @@ void rows_nll(const Args& a, const Out& o, const T* preds, int64_t rs, const T* 
       }
     }
     if (!ok) {
-      o.bad[0] += 1.0;
+      o.bad[1] += 1.0;
       return;
     }
     o.extras[0] += 1.0;
@@ -335,8 +335,12 @@ void rows_columns(const Args& a, const Out& o, const T* preds, int64_t cs, const
       const int64_t r = rb + i;
       const int64_t t = tg[r];
       if (!kept(!has_m || ms[r], a.has_ignore, t, a.ignore_index)) continue;
-      if (!class_in_range(t, a.C) || !ok[i] || !(best[i] > -std::numeric_limits<V>::infinity())) {
+      if (!class_in_range(t, a.C)) {
         o.bad[0] += 1.0;
+        continue;
+      }
+      if (!ok[i] || !(best[i] > -std::numeric_limits<V>::infinity())) {
+        o.bad[1] += 1.0;
         continue;
       }
       count_row(a, o, r, t, top + i, top[i] == t ? 0 : 1);
@@ -392,7 +396,7 @@ void class_stats_cpu(const at::Tensor& preds_in, const at::Tensor& target, const
 
   // Private slice: stats | extras | bad.
   const int64_t n_stats = a.K * 3 * C;
-  const int64_t slice = n_stats + 3;
+  const int64_t slice = n_stats + 4;
   // A chunk must at least do as much work as zeroing + merging its slice.
   const int64_t grain = scores ? std::max<int64_t>(kGrainNs / (10 + C / 5), slice / C + 1)
                                : std::max<int64_t>(kGrainRows, slice);
@@ -430,7 +434,7 @@ void class_stats_cpu(const at::Tensor& preds_in, const at::Tensor& target, const
   }
   if (chunks > 1) {
     double* dst[3] = {stats.data_ptr<double>(), extras.data_ptr<double>(), bad.data_ptr<double>()};
-    const int64_t len[3] = {n_stats, 2, 1};
+    const int64_t len[3] = {n_stats, 2, 2};
     for (int64_t c = 0; c < chunks; ++c) {
       const double* s = priv.data() + c * slice;
       for (int part = 0; part < 3; ++part) {

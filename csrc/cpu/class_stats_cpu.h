@@ -21,7 +21,7 @@ struct Out {
   double* confmat;  // nullptr without confmat or with cells
   int64_t* cells;   // several chunks: cells[i] = t * C + argmax of valid row i
   double* extras;
-  double* bad;
+  double* bad;  // [2]: a target out of range, bad scores
 };
 
 struct Args {

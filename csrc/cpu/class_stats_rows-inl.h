@@ -26,7 +26,8 @@
 #endif
 
 // Calls f(i, t, row) for each kept row of [b, e) with target t in [0, C),
-// row = its C scores as V; counts the kept rows with another target as bad.
+// row = its C scores as V; counts the kept rows with another target in bad[0]
+// (f counts the rows whose scores are bad in bad[1]).
 // row[C .. C + pad) may be read too (values of no meaning): `end` is one past
 // the last score of the last row, beyond which a short row is copied.
 template <class V, class T, class F>
@@ -159,7 +160,7 @@ void rows_small(const Args& a, const Out& o, const T* preds, int64_t rs, const T
         r[u] = init[u];
       }
       if (any_lane(nonfinite) || !any_lane(unmasked)) {
-        o.bad[0] += 1.0;
+        o.bad[1] += 1.0;
         return;
       }
       int64_t argmax;

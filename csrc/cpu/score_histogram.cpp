@@ -58,7 +58,11 @@ void rows_multiclass(const Ctx& c, const Strided2<T>& p, const Strided1<int64_t>
   for (int64_t i = b; i < e; ++i) {
     const int64_t tv = t[i];
     if (!kept(!c.has_m || m[i], c.has_ig, tv, c.ig)) continue;
-    bool finite = tv >= 0 && tv < c.L;
+    if (!(tv >= 0 && tv < c.L)) {
+      bad[0] += 1.0;
+      continue;
+    }
+    bool finite = true;
     double mx = -INFINITY;
     for (int64_t j = 0; finite && j < c.L; ++j) {
       const double v = static_cast<double>(p(i, j));
@@ -66,7 +70,7 @@ void rows_multiclass(const Ctx& c, const Strided2<T>& p, const Strided1<int64_t>
       mx = v > mx ? v : mx;
     }
     if (!finite) {
-      bad[0] += 1.0;
+      bad[1] += 1.0;
       continue;
     }
     double inv = 1.0;
@@ -93,8 +97,9 @@ void rows_entries(const Ctx& c, const Strided2<T>& p, const Strided2<int64_t>& t
       const int64_t tv = t(i, j);
       if (!kept(!c.has_m || m(i, j), c.has_ig, tv, c.ig)) continue;
       const double v = static_cast<double>(p(i, j));
-      if (!binary_entry_ok(tv, v)) {
-        bad[0] += 1.0;
+      const int cause = binary_bad_cause(tv, v);
+      if (cause >= 0) {
+        bad[cause] += 1.0;
         continue;
       }
       hist[hist_slot(tv == 1, j, bin_of(to_prob(v, logits), c.B), c.L, c.B)] += 1.0;
@@ -109,7 +114,8 @@ void score_histogram_cpu(const at::Tensor& preds, const at::Tensor& target, cons
   const Ctx c{preds.size(0), preds.size(1), hist.size(2), mask.has_value(), ignore_index.has_value(),
               ignore_index.value_or(0)};
   const int64_t grain = std::max<int64_t>(1, kGrainElems / std::max<int64_t>(c.L, 1));
-  const int64_t slice = 2 * c.L * c.B + 1;  // hist | bad
+  const int64_t hist_len = 2 * c.L * c.B;
+  const int64_t slice = hist_len + 2;  // hist | bad[2]
   const int64_t chunks = num_chunks(c.n, std::max<int64_t>(grain, slice / std::max<int64_t>(c.L, 1)),
                                     slice * int64_t(sizeof(double)));
   std::vector<double> priv(chunks > 1 ? chunks * slice : 0, 0.0);
@@ -124,7 +130,7 @@ void score_histogram_cpu(const at::Tensor& preds, const at::Tensor& target, cons
       if (input_kind == kInputAuto) logits = any_logit_rows<scalar_t>(c, p, t, m, grain);
       for_chunks(c.n, chunks, [&](int64_t k, int64_t b, int64_t e) {
         double* s = chunks > 1 ? priv.data() + k * slice : h;
-        rows_multiclass<scalar_t>(c, p, t, m, logits, s, chunks > 1 ? s + slice - 1 : bd, b, e);
+        rows_multiclass<scalar_t>(c, p, t, m, logits, s, chunks > 1 ? s + hist_len : bd, b, e);
       });
     } else {
       const auto t = strided2<int64_t>(target);
@@ -132,14 +138,15 @@ void score_histogram_cpu(const at::Tensor& preds, const at::Tensor& target, cons
       if (input_kind == kInputAuto) logits = any_logit_entries<scalar_t>(p, t, m, c.has_m, c.has_ig, c.ig, c.n, c.L, grain);
       for_chunks(c.n, chunks, [&](int64_t k, int64_t b, int64_t e) {
         double* s = chunks > 1 ? priv.data() + k * slice : h;
-        rows_entries<scalar_t>(c, p, t, m, logits, s, chunks > 1 ? s + slice - 1 : bd, b, e);
+        rows_entries<scalar_t>(c, p, t, m, logits, s, chunks > 1 ? s + hist_len : bd, b, e);
       });
     }
   });
   for (int64_t k = 0; k < (chunks > 1 ? chunks : 0); ++k) {
     const double* s = priv.data() + k * slice;
-    for (int64_t j = 0; j < slice - 1; ++j) h[j] += s[j];
-    bd[0] += s[slice - 1];
+    for (int64_t j = 0; j < hist_len; ++j) h[j] += s[j];
+    bd[0] += s[hist_len];
+    bd[1] += s[hist_len + 1];
   }
 }
 

@@ -26,11 +26,13 @@ __global__ void __launch_bounds__(kThreads) binary_kernel(Entries<T, TT> in, Wal
   extern __shared__ uint32_t counts[];
   if (!L1 && shared_counts) counters_zero(counts, in.L * 4);
   const bool logits = logit_flag ? (*logit_flag != 0) : logits_fixed;
-  uint32_t nbad = 0, c0 = 0, c1 = 0, c2 = 0, c3 = 0;
+  uint32_t bad_target = 0, bad_pred = 0, c0 = 0, c1 = 0, c2 = 0, c3 = 0;
   for_each_entry<L1>(in, w, [&](int64_t j, double v, int64_t t, bool keep) {
     if (!keep) return;
-    if (!binary_entry_ok(t, v)) {
-      ++nbad;
+    const int cause = binary_bad_cause(t, v);
+    if (cause >= 0) {
+      bad_target += cause == 0;
+      bad_pred += cause == 1;
       return;
     }
     const int c = binary_cell(is_positive(v, logits, thr), t == 1);
@@ -53,7 +55,8 @@ __global__ void __launch_bounds__(kThreads) binary_kernel(Entries<T, TT> in, Wal
   } else if (shared_counts) {
     counters_flush(counts, state, in.L * 4);
   }
-  add_block_count(nbad, bad);
+  add_block_count(bad_target, bad);
+  add_block_count(bad_pred, bad + 1);
 }
 
 void binary_stats_cuda(const at::Tensor& preds_in, const at::Tensor& target, const std::optional<at::Tensor>& mask,

@@ -43,7 +43,7 @@ struct Out {
   double* stats;
   double* confmat;
   double* extras;
-  double* bad;
+  double* bad;  // [2]: a target (or index pred) out of range, bad scores
 };
 
 // The counts of one pick of a valid row (class j at rank rk): predicted, for
@@ -140,7 +140,7 @@ __global__ void scores_kernel(Rows r, const T* preds, int64_t row_stride, TopKs 
     finite = __all_sync(0xffffffffu, finite);
     warp_pick(bs, bj);  // every lane: the row's best (bs = -Inf: all scores masked)
     if (!finite || bs == -INFINITY) {
-      if (lane == 0) atomicAdd(o.bad, 1.0);
+      if (lane == 0) atomicAdd(o.bad + 1, 1.0);
       return true;
     }
     if (nll) {
@@ -307,7 +307,7 @@ __device__ inline LseF warp_lse(LseF a) {
 
 // Counts one valid row from the lanes < K of the warp that holds its picks.
 struct RowCounts {
-  uint32_t rows = 0, bad = 0;
+  uint32_t rows = 0, bad_target = 0, bad_scores = 0;
   double nll = 0.0;
 };
 
@@ -322,7 +322,7 @@ __global__ void __launch_bounds__(kThreads) scores_warp_kernel(Rows r, const T* 
   const auto keep = [&](int64_t i, int64_t t) { return r.keep(i, t); };
   for_kept_warp_rows(r.n, target, keep, [&](int64_t i, int64_t t) {
     if (!class_in_range(t, C)) {
-      rc.bad += lane == 0;
+      rc.bad_target += lane == 0;
       return true;
     }
     const T* row = preds + i * row_stride;
@@ -336,7 +336,7 @@ __global__ void __launch_bounds__(kThreads) scores_warp_kernel(Rows r, const T* 
     int32_t bj = tk.j[0];
     warp_best(best, bj);
     if (!finite || best == -INFINITY) {
-      rc.bad += lane == 0;
+      rc.bad_scores += lane == 0;
       return true;
     }
     const LseF lse = nll ? warp_lse(l) : LseF{};
@@ -358,7 +358,8 @@ __global__ void __launch_bounds__(kThreads) scores_warp_kernel(Rows r, const T* 
     return true;
   });
   add_block_count(rc.rows, o.extras);
-  add_block_count(rc.bad, o.bad);
+  add_block_count(rc.bad_target, o.bad);
+  add_block_count(rc.bad_scores, o.bad + 1);
   if (nll) {
     __shared__ double scratch[kThreads / kWarp];
     const double total = block_sum(rc.nll, scratch);
@@ -382,7 +383,7 @@ __global__ void __launch_bounds__(kThreads) scores_block_kernel(Rows r, const T*
     const int64_t t = r.target[i * r.st];
     if (!r.keep(i, t)) continue;  // block-uniform
     if (!class_in_range(t, C)) {
-      rc.bad += threadIdx.x == 0;
+      rc.bad_target += threadIdx.x == 0;
       continue;
     }
     const T* row = preds + i * row_stride;
@@ -428,7 +429,7 @@ __global__ void __launch_bounds__(kThreads) scores_block_kernel(Rows r, const T*
         count_pick(top_ks, K, lane, rk, j, C, o.stats);
       }
       if (!ok || best == -INFINITY) {
-        rc.bad += lane == 0;
+        rc.bad_scores += lane == 0;
       } else {
         count_target(top_ks, K, lane, rank_t, t, C, o.stats);
         if (lane == 0) {
@@ -445,7 +446,8 @@ __global__ void __launch_bounds__(kThreads) scores_block_kernel(Rows r, const T*
     __syncthreads();  // wv / wj / wm / ws are rewritten by the next row
   }
   add_block_count(rc.rows, o.extras);
-  add_block_count(rc.bad, o.bad);
+  add_block_count(rc.bad_target, o.bad);
+  add_block_count(rc.bad_scores, o.bad + 1);
   if (nll) {
     __shared__ double scratch[kWarps];
     const double total = block_sum(rc.nll, scratch);

@@ -37,17 +37,20 @@ __global__ void __launch_bounds__(kThreads) entries_kernel(Entries<T, TT> in, Wa
   const int64_t slots = 2 * L * B;
   if (shared_hist) counters_zero(sh, slots);
   const bool logits = logits_of(flag, logits_fixed);
-  uint32_t nbad = 0;
+  uint32_t bad_target = 0, bad_pred = 0;
   for_each_entry<L1>(in, w, [&](int64_t j, double v, int64_t t, bool keep) {
     if (!keep) return;
-    if (!binary_entry_ok(t, v)) {
-      ++nbad;
+    const int cause = binary_bad_cause(t, v);
+    if (cause >= 0) {
+      bad_target += cause == 0;
+      bad_pred += cause == 1;
       return;
     }
     count_bin(sh, hist, shared_hist, hist_slot(t == 1, j, bin_of(to_prob(v, logits), B), L, B));
   });
   if (shared_hist) counters_flush(sh, hist, slots);
-  add_block_count(nbad, bad);
+  add_block_count(bad_target, bad);
+  add_block_count(bad_pred, bad + 1);
 }
 
 // Row i is valid: kept, target in [0, L), all scores finite (warp-uniform).
@@ -98,14 +101,17 @@ __global__ void __launch_bounds__(kThreads) rows_kernel(Entries<T, TT> in, int64
   if (shared_hist) counters_zero(sh, slots);
   const bool logits = logits_of(flag, logits_fixed);
   const int lane = threadIdx.x % kWarp;
-  uint32_t nbad = 0;
+  // bad rows by cause in one register pair: bad targets in the low word, bad
+  // scores in the high one (one variable captured, as the row loop keeps it
+  // in registers; with two it went to the stack)
+  uint64_t nbad = 0;
   const auto target = [&](int64_t i) { return in.t(i, 0); };
   const auto keep = [&](int64_t i, int64_t t) { return in.keep(i, 0, t); };
   for_kept_warp_rows(in.n, target, keep, [&](int64_t i, int64_t t) {
     double mx;
     bool outside;
-    if (!row_valid(in, i, t, lane, mx, outside)) {
-      nbad += lane == 0;
+    if (!row_valid(in, i, t, lane, mx, outside)) {  // a bad target is counted as that, whatever the scores hold
+      if (lane == 0) nbad += t >= 0 && t < in.L ? uint64_t(1) << 32 : uint64_t(1);
       return true;
     }
     double inv = 1.0;
@@ -122,7 +128,8 @@ __global__ void __launch_bounds__(kThreads) rows_kernel(Entries<T, TT> in, int64
     return true;
   });
   if (shared_hist) counters_flush(sh, hist, slots);
-  add_block_count(nbad, bad);
+  add_block_count(static_cast<uint32_t>(nbad), bad);
+  add_block_count(static_cast<uint32_t>(nbad >> 32), bad + 1);
 }
 
 void score_histogram_cuda(const at::Tensor& preds, const at::Tensor& target, const std::optional<at::Tensor>& mask,

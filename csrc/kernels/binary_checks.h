@@ -22,7 +22,7 @@ inline void check_binary_stats(const at::Tensor& preds, const at::Tensor& target
   check_input_kind(op, input_kind);
   check_mask(op, mask, preds.sizes(), dev);
   check_state(op, "state", state, {preds.size(1), 4}, dev);
-  check_state(op, "bad", bad, {1}, dev);
+  check_state(op, "bad", bad, {2}, dev);
 }
 
 inline void check_score_histogram(const at::Tensor& preds, const at::Tensor& target,
@@ -47,7 +47,7 @@ inline void check_score_histogram(const at::Tensor& preds, const at::Tensor& tar
   D9D_CHECK(hist.dim() == 3 && hist.size(0) == 2 && hist.size(1) == preds.size(1) && hist.size(2) >= 1, op, "hist",
             "must be float64 [2, L, B] with L = ", preds.size(1), " and B >= 1, got shape ", hist.sizes());
   check_state(op, "hist", hist, hist.sizes(), dev);
-  check_state(op, "bad", bad, {1}, dev);
+  check_state(op, "bad", bad, {2}, dev);
 }
 
 }  // namespace d9d

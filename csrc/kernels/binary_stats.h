@@ -6,10 +6,15 @@
 
 namespace d9d {
 
-// An entry (kept by mask / ignore_index) is counted iff this holds, else it is bad.
-D9D_HD inline bool binary_entry_ok(int64_t target, double pred) {
-  return (target == 0 || target == 1) && is_finite(pred);
+// Where a kept entry that is not counted goes in bad[2]: 0 for a target that
+// is not 0/1, 1 for a NaN/Inf pred with a good target; -1 when it is counted.
+D9D_HD inline int binary_bad_cause(int64_t target, double pred) {
+  if (!(target == 0 || target == 1)) return 0;
+  return is_finite(pred) ? -1 : 1;
 }
+
+// An entry (kept by mask / ignore_index) is counted iff this holds, else it is bad.
+D9D_HD inline bool binary_entry_ok(int64_t target, double pred) { return binary_bad_cause(target, pred) < 0; }
 
 // The probability of a pred: sigmoid for logits.
 D9D_HD inline double to_prob(double pred, bool logits) { return logits ? sigmoid(pred) : pred; }

@@ -43,7 +43,7 @@ inline void check_class_stats(const at::Tensor& preds, const at::Tensor& target,
   check_state(op, "stats", stats, {static_cast<int64_t>(top_ks.size()), 3, C}, dev);
   if (confmat.has_value()) check_state(op, "confmat", *confmat, {C, C}, dev);
   check_state(op, "extras", extras, {2}, dev);
-  check_state(op, "bad", bad, {1}, dev);
+  check_state(op, "bad", bad, {2}, dev);
 }
 
 }  // namespace d9d

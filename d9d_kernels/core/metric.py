@@ -264,6 +264,9 @@ class Metric(metaclass=_MetricMeta):
     def _update(self, *args, **kwargs):
         raise NotImplementedError(f"{type(self).__name__}: custom metrics implement _update")
 
+    #: what a one-count ``bad`` slot counts (a two-count slot is BAD_CAUSES)
+    _bad_cause = "nonfinite_inputs"
+
     def _raise_on_bad(self) -> bool:
         """Whether a non-zero ``bad`` count makes ``compute()`` raise."""
         return self.nan_strategy == "error"
@@ -308,10 +311,10 @@ class Metric(metaclass=_MetricMeta):
     def _bad_count(self, states) -> torch.Tensor | None:
         if not self._raise_on_bad():
             return None
-        bads = [s["bad"].reshape(-1).sum() for s in states.values() if "bad" in s]
+        bads = [raising_count(s["bad"], self.nan_strategy) for s in states.values() if "bad" in s]
         if not bads:
             return None
-        return torch.stack(bads).sum()
+        return bads[0] if len(bads) == 1 else torch.stack(bads).sum()
 
     def _raise_if_bad(self, count: float, causes: dict[str, float] | None = None) -> None:
         if count != 0:  # NaN counts (impossible) also raise
@@ -321,42 +324,30 @@ class Metric(metaclass=_MetricMeta):
     def _bad_causes(self, states) -> dict[str, torch.Tensor]:
         """Device counts of bad inputs by cause (float64 0-d tensors).
 
-        Statistics count every bad element/row in their ``bad`` slot; one
-        with a ``count_nonfinite`` flag (the classification, ranking and
-        perplexity statistics) counts out-of-range targets and NaN/Inf score
-        rows there and, when it keeps a ``nonfinite`` slot (nan_strategy
-        "ignore"/"propagate"), the NaN/Inf rows alone in it. Statistics
-        without the flag (moments, extrema) only count non-finite inputs."""
+        A ``bad`` slot of two counts (the classification, ranking and
+        perplexity statistics, d9d_kernels/reference.py) holds
+        ``BAD_CAUSES``: out-of-range targets, then NaN/Inf predictions with a
+        good target. A slot of one count (moments, extrema, custom slots)
+        holds the metric's ``_bad_cause``."""
         out: dict[str, torch.Tensor] = {}
-
-        def add(cause, t):
-            out[cause] = out[cause] + t if cause in out else t
-
-        stats = self._stats()
-        for name, s in states.items():
+        for s in states.values():
             if "bad" not in s:
                 continue
-            bad = s["bad"].reshape(-1).sum()
-            if not hasattr(stats[name], "count_nonfinite"):
-                add("nonfinite_inputs", bad)
-            elif "nonfinite" in s:
-                nf = s["nonfinite"].reshape(-1).sum()
-                add("target_out_of_range", bad - nf)
-                add("nonfinite_preds", nf)
-            else:
-                add("target_out_of_range_or_nonfinite_preds", bad)
+            bad = s["bad"].reshape(-1)
+            pairs = zip(BAD_CAUSES, bad.unbind(0)) if bad.numel() == 2 else [(self._bad_cause, bad.sum())]
+            for cause, t in pairs:
+                out[cause] = out[cause] + t if cause in out else t
         return out
 
     def bad_input_counts(self) -> dict[str, int]:
         """Bad inputs counted since the last ``reset()``, by cause; never raises.
 
         Keys: ``"nonfinite_inputs"`` (NaN/Inf values, preds, targets or
-        weights of aggregation / regression metrics), ``"target_out_of_range"``
-        and ``"nonfinite_preds"`` (classification, ranking, perplexity with
-        ``nan_strategy`` "ignore"/"propagate"), or
-        ``"target_out_of_range_or_nonfinite_preds"`` (with ``nan_strategy="error"``
-        the kernels count both in one slot). Reads the counts on the host
-        (one small copy): call it when logging, not every step.
+        weights of aggregation / regression metrics), or
+        ``"target_out_of_range"`` and ``"nonfinite_preds"`` (classification,
+        ranking, perplexity: a row with a bad target counts as that, whatever
+        its scores hold). Reads the counts on the host (one small copy): call
+        it when logging, not every step.
 
         Example:
             >>> import torch, d9d_kernels as dk
@@ -728,13 +719,25 @@ def _same(a, b) -> bool:
         return False
 
 
+#: the causes counted by a two-count ``bad`` slot, in its order
+BAD_CAUSES = ("target_out_of_range", "nonfinite_preds")
+
+
+def raising_count(bad: torch.Tensor, nan_strategy: str) -> torch.Tensor:
+    """The count of a ``bad`` slot that makes compute() raise: all of it under
+    ``"error"``; of a two-count slot otherwise only the bad targets
+    (nan_strategy applies to NaN/Inf predictions, never to labels)."""
+    bad = bad.reshape(-1)
+    if nan_strategy == "error" or bad.numel() == 1:
+        return bad.sum()
+    return bad[0]
+
+
 #: fixes named by compute()'s bad-input error, per cause
 _FIXES = {
     "target_out_of_range": "pass ignore_index=<value> if those targets are padding, else fix the labels "
     "(class indices must lie in [0, num_classes))",
     "nonfinite_preds": "nan_strategy='ignore' leaves NaN/Inf rows out, 'propagate' makes the value NaN",
-    "target_out_of_range_or_nonfinite_preds": "pass ignore_index=<value> for padding targets; "
-    "nan_strategy='ignore' leaves NaN/Inf score rows out (and counts both causes apart: bad_input_counts())",
     "nonfinite_inputs": "nan_strategy='ignore' leaves NaN/Inf elements out, 'propagate' lets them into the value",
 }
 

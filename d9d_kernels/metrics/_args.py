@@ -132,15 +132,6 @@ def check_mask(metric: str, mask, shape) -> None:
         fail(metric, "mask", f"of shape {tuple(mask.shape)} does not broadcast to target's {tuple(shape)}")
 
 
-def bad_count(state: dict, nan_strategy: str) -> torch.Tensor:
-    """The device count that makes compute() raise: every bad element under
-    ``"error"``; otherwise only the non-NaN errors (index/target out of range)."""
-    bad = state["bad"].reshape(-1).sum()
-    if nan_strategy != "error" and "nonfinite" in state:
-        bad = bad - state["nonfinite"].reshape(-1).sum()
-    return bad
-
-
 def bad_message(label: str, count, nan_strategy: str) -> str:
     if nan_strategy == "error":
         what = "target/class index out of range or a NaN/Inf prediction"

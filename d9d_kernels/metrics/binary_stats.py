@@ -12,7 +12,7 @@ import torch
 from d9d_kernels import ops
 from d9d_kernels.core.statistic import SUM, Slot, optional_int, param, statistic
 from d9d_kernels.metrics.class_stats import mergeable
-from d9d_kernels.metrics.nonfinite import CountsNonfinite
+from d9d_kernels.metrics.labelled import BAD, LabelledStatistic
 
 __all__ = ["BinaryStatistic", "flatten_labels", "sample_columns"]
 
@@ -52,7 +52,7 @@ def flatten_labels(num_labels: int | None, preds, target, mask):
 
 
 @statistic
-class BinaryStatistic(CountsNonfinite):
+class BinaryStatistic(LabelledStatistic):
     """Per-label confusion counts of one ``binary_stats`` call.
 
     Args:
@@ -60,10 +60,9 @@ class BinaryStatistic(CountsNonfinite):
             input shape, flattened).
         threshold: positive iff probability > threshold (logits: after sigmoid).
         ignore_index: target value whose entries are dropped, or None.
-        count_nonfinite: also count NaN/Inf preds in a ``nonfinite`` slot.
         inputs: update keyword names.
 
-    Slots: ``state`` [L, 4] (tp, fp, tn, fn), ``bad`` [1] (+ ``nonfinite`` [1]); SUM.
+    Slots: ``state`` [L, 4] (tp, fp, tn, fn), ``bad`` [2] (labelled.BAD); SUM.
     """
 
     num_labels: int | None = param(convert=optional_int)
@@ -71,7 +70,7 @@ class BinaryStatistic(CountsNonfinite):
     ignore_index: int | None = None
 
     def slots(self) -> list[Slot]:
-        return [Slot("state", SUM, (self.num_labels or 1, 4)), Slot("bad", SUM, (1,))] + self.nonfinite_slots()
+        return [Slot("state", SUM, (self.num_labels or 1, 4)), BAD]
 
     def update(self, state: dict[str, torch.Tensor], **inputs) -> None:
         preds, target, mask = self.unpack(inputs)
@@ -85,4 +84,3 @@ class BinaryStatistic(CountsNonfinite):
         else:
             preds, target, mask = flatten_labels(self.num_labels, preds, target, mask)
             run(preds, target, mask, state["state"])
-        self.add_nonfinite(state, preds, target, mask, preds.dim())

@@ -21,6 +21,7 @@ import torch
 from d9d_kernels.core.metric import Metric
 from d9d_kernels.metrics import _args as A
 from d9d_kernels.metrics._memo import LastInputs
+from d9d_kernels.reference import add_bad
 
 __all__ = ["CalibrationError"]
 
@@ -60,8 +61,9 @@ class CalibrationError(Metric):
         nan_strategy: ``"propagate"`` (default: NaN scores are read exactly as
             torchmetrics reads them: the batch counts as logits and the row
             lands in the last bin with confidence 0, not NaN),
-            ``"ignore"`` (rows with a NaN/Inf score are left out) or
-            ``"error"`` (``compute()`` raises with the count).
+            ``"ignore"`` (rows with a NaN/Inf score are left out and
+            counted: ``bad_input_counts()``) or ``"error"`` (``compute()``
+            raises with the count).
 
     Logits are recognised per update as torchmetrics does: a kept score
     outside [0, 1] makes the batch logits (sigmoid / softmax over classes).
@@ -102,7 +104,7 @@ class CalibrationError(Metric):
         self.num_classes = num_classes if task == "multiclass" else None
         self.ignore_index = ignore_index
         self.add_state("bins", shape=(3, self.n_bins + 1))
-        self.add_state("bad", shape=(1,))
+        self.add_state("bad", shape=(2,))  # by cause, as labelled.BAD
 
     def __repr__(self) -> str:
         nc = f", num_classes={self.num_classes}" if self.num_classes else ""
@@ -137,8 +139,7 @@ class CalibrationError(Metric):
         self.bins.index_add_(1, idx, rows)
 
     def _binned(self, preds, target, mask):
-        """(bad count [1], bin index [M], (weight, weight·confidence, weight·accuracy) [3, M])."""
-        bad = torch.zeros(1, dtype=torch.float64, device=preds.device)
+        """(bad counts [2] by cause, bin index [M], (weight, weight·confidence, weight·accuracy) [3, M])."""
         t = target.reshape(-1).long()
         keep = torch.ones_like(t, dtype=torch.bool) if mask is None else torch.broadcast_to(mask, target.shape).reshape(-1)
         if self.ignore_index is not None:
@@ -150,14 +151,13 @@ class CalibrationError(Metric):
             C = self.num_classes
             p = preds.movedim(1, -1).reshape(-1, C)
             in_range = (t >= 0) & (t < C)
-        bad = bad + (keep & ~in_range).sum()
-        keep = keep & in_range
         if self.nan_strategy != "propagate":  # an extra read of the scores: only when asked for
             finite = torch.isfinite(p) if self.task == "binary" else torch.isfinite(p).all(-1)
-            if self.nan_strategy == "error":
-                bad = bad + (keep & ~finite).sum()
-            # left out before the logits decision: the batch reads as torchmetrics reads its finite rows
-            keep = keep & finite
+        else:  # NaN scores are read as torchmetrics reads them: none is left out or counted
+            finite = torch.ones_like(keep)
+        bad = torch.zeros(2, dtype=torch.float64, device=preds.device)
+        # left out before the logits decision: the batch reads as torchmetrics reads its finite rows
+        keep = add_bad(bad, keep, in_range, finite)
         if self.task == "binary":
             probs = (p >= 0) & (p <= 1)
             p = torch.where((keep & ~probs).any(), torch.sigmoid(p), p)

@@ -15,10 +15,10 @@ import torch
 
 from d9d_kernels import ops
 from d9d_kernels.core.statistic import SUM, Slot, either, param, statistic, union
-from d9d_kernels.metrics.nonfinite import CountsNonfinite, nonfinite_rows
+from d9d_kernels.metrics.labelled import BAD, LabelledStatistic
 from d9d_kernels.metrics.vocab_parallel import add_vocab_class_stats
 
-__all__ = ["ClassStatistic", "nonfinite_rows", "score_blocks", "mergeable"]
+__all__ = ["ClassStatistic", "score_blocks", "mergeable"]
 
 #: Channel-first scores (``[N, C, d1, ...]`` moved to ``[N, d1, ..., C]``, a
 #: view) do not flatten to ``[R, C]`` without a copy. A sample of at least
@@ -66,7 +66,7 @@ def _top_ks(ks) -> tuple[int, ...]:
 
 
 @statistic
-class ClassStatistic(CountsNonfinite):
+class ClassStatistic(LabelledStatistic):
     """Per-class counts of one ``class_stats`` kernel call.
 
     Args:
@@ -76,9 +76,6 @@ class ClassStatistic(CountsNonfinite):
             merged by union.
         confmat: also keep the ``[C, C]`` confusion matrix (merged by ``either``).
         nll: also sum ``logsumexp(s) - s[target]`` (needs score preds; merged by ``either``).
-        count_nonfinite: also count rows with NaN/Inf scores separately
-            (``nan_strategy`` "ignore" / "propagate" need to tell them from
-            out-of-range targets, which ``bad`` lumps together).
         inputs: update keyword names (preds, target, mask).
 
     Update inputs: ``preds``, ``target``, ``mask`` (names from ``inputs``),
@@ -87,8 +84,8 @@ class ClassStatistic(CountsNonfinite):
     no kernel call, the shards' combined rows write the same slots).
 
     Slots: ``stats`` [K, 3, C] (tp, predicted, target per k), ``extras`` [2]
-    (valid rows, NLL sum), ``bad`` [1], and optionally ``confmat`` [C, C],
-    ``nonfinite`` [1]; all SUM.
+    (valid rows, NLL sum), ``bad`` [2] (labelled.BAD), and optionally
+    ``confmat`` [C, C]; all SUM.
     """
 
     num_classes: int = param(convert=int)
@@ -102,18 +99,18 @@ class ClassStatistic(CountsNonfinite):
         out = [
             Slot("stats", SUM, (len(self.top_ks), 3, C)),
             Slot("extras", SUM, (2,)),
-            Slot("bad", SUM, (1,)),
+            BAD,
         ]
         if self.confmat:
             out.append(Slot("confmat", SUM, (C, C)))
-        return out + self.nonfinite_slots()
+        return out
 
     def update(self, state: dict[str, torch.Tensor], **inputs) -> None:
         preds, target, mask = self.unpack(inputs)
         vocab = inputs.get("vocab")  # a checked VocabSplit: preds are this tp rank's vocabulary shard
         if vocab is not None:
             add_vocab_class_stats(state, preds, target, mask, vocab, self.ignore_index, self.top_ks, nll=self.nll,
-                                  confmat=self.confmat, count_nonfinite=self.count_nonfinite, lse=inputs.get("lse"))
+                                  confmat=self.confmat, lse=inputs.get("lse"))
             return
         if preds.is_floating_point() and preds.dim() == target.dim():
             # floating class indices (same shape as target): non-whole values are counted as bad
@@ -137,7 +134,6 @@ class ClassStatistic(CountsNonfinite):
                 top_ks=self.top_ks,
                 nll=self.nll and lse is None,
             )
-            self.add_nonfinite(state, p, t, m, t.dim(), class_rows=True)
         if lse is not None:  # after the kernel: its checks run first
             from d9d_kernels.metrics.text import add_lse_nll
 
@@ -154,7 +150,6 @@ class ClassStatistic(CountsNonfinite):
             and (preds.shape == (n[0], self.num_classes) and preds.dtype in ops.FLOATS
                  or preds.shape == n and preds.dtype == torch.int64)
             and (mask is None or (mask.dtype == torch.bool and mask.shape == n))
-            and not self.count_nonfinite
             and "lse" not in sample
             and "vocab" not in sample
         )

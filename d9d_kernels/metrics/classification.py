@@ -39,6 +39,7 @@ from d9d_kernels.metrics.class_stats import ClassStatistic
 from d9d_kernels.metrics.samplewise import SamplewiseStatistic
 from d9d_kernels.metrics.vocab_parallel import resolve
 from d9d_kernels.metrics.formulas import classification as F
+from d9d_kernels.metrics.labelled import INPUTS
 
 __all__ = [
     "Accuracy",
@@ -53,7 +54,6 @@ __all__ = [
     "ConfusionMatrix",
 ]
 
-INPUTS = ("preds", "target", "mask")
 
 
 class _Classification(Metric):
@@ -121,21 +121,19 @@ class _Classification(Metric):
     # -- statistics ---------------------------------------------------------
 
     def _statistic(self):
-        nonfinite = self.nan_strategy != "error"
         if self.multidim_average == "samplewise":
             size = self.num_classes if self.task == "multiclass" else self.num_labels
             shape = (size,) if self.task != "binary" and self.average == "none" else ()
             key = (type(self).__name__, self.average, getattr(self, "beta", None))
             return SamplewiseStatistic(
                 self.task, size, self._sample_scores, key, shape, threshold=self.threshold,
-                ignore_index=self.ignore_index, top_k=self.top_k, count_nonfinite=nonfinite, inputs=INPUTS,
+                ignore_index=self.ignore_index, top_k=self.top_k, inputs=INPUTS,
             )
         if self.task == "multiclass":
             return ClassStatistic(
-                self.num_classes, self.ignore_index, (self.top_k,), confmat=self._needs_confmat,
-                count_nonfinite=nonfinite, inputs=INPUTS,
+                self.num_classes, self.ignore_index, (self.top_k,), confmat=self._needs_confmat, inputs=INPUTS,
             )
-        return BinaryStatistic(self.num_labels, self.threshold, self.ignore_index, count_nonfinite=nonfinite, inputs=INPUTS)
+        return BinaryStatistic(self.num_labels, self.threshold, self.ignore_index, inputs=INPUTS)
 
     def _statistics(self):
         return {"stats": self._statistic()}
@@ -232,15 +230,12 @@ class _Classification(Metric):
     def _raise_on_bad(self) -> bool:
         return True  # out-of-range indices raise under every nan_strategy
 
-    def _bad_count(self, states) -> torch.Tensor:
-        return A.bad_count(states["stats"], self.nan_strategy)
-
     def _bad_message(self, count) -> str:
         return A.bad_message(self._label, count, self.nan_strategy)
 
     def _finish(self, s, value: torch.Tensor) -> torch.Tensor:
         if self.nan_strategy == "propagate":
-            value = torch.where(s["nonfinite"][0] > 0, torch.full_like(value, float("nan")), value)
+            value = torch.where(s["bad"][1] > 0, torch.full_like(value, float("nan")), value)
         return value
 
     def _compute(self, states):

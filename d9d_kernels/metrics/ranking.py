@@ -20,10 +20,10 @@ from d9d_kernels.core.metric import Metric
 from d9d_kernels.metrics import _args as A
 from d9d_kernels.metrics.formulas import ranking as R
 from d9d_kernels.metrics.score_histogram import HistogramStatistic
+from d9d_kernels.metrics.labelled import INPUTS
 
 __all__ = ["AUROC", "AveragePrecision"]
 
-INPUTS = ("preds", "target", "mask")
 
 
 class _Ranking(Metric):
@@ -73,7 +73,7 @@ class _Ranking(Metric):
         return {
             "hist": HistogramStatistic(
                 L, self.num_bins, multiclass=self.task == "multiclass", ignore_index=self.ignore_index,
-                count_nonfinite=self.nan_strategy != "error", inputs=INPUTS,
+                inputs=INPUTS,
             )
         }
 
@@ -108,9 +108,6 @@ class _Ranking(Metric):
     def _raise_on_bad(self) -> bool:
         return True
 
-    def _bad_count(self, states) -> torch.Tensor:
-        return A.bad_count(states["hist"], self.nan_strategy)
-
     def _bad_message(self, count) -> str:
         return A.bad_message(self._label, count, self.nan_strategy)
 
@@ -121,7 +118,7 @@ class _Ranking(Metric):
         if self.task == "binary":
             value = value.reshape(())
         if self.nan_strategy == "propagate":
-            value = torch.where(s["nonfinite"][0] > 0, torch.full_like(value, float("nan")), value)
+            value = torch.where(s["bad"][1] > 0, torch.full_like(value, float("nan")), value)
         return value
 
 

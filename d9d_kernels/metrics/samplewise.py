@@ -23,13 +23,13 @@ import torch
 from d9d_kernels import ops
 from d9d_kernels.core.statistic import SUM, Slot, optional_int, param, statistic
 from d9d_kernels.metrics.binary_stats import sample_columns
-from d9d_kernels.metrics.nonfinite import CountsNonfinite
+from d9d_kernels.metrics.labelled import BAD, LabelledStatistic
 
 __all__ = ["SamplewiseStatistic"]
 
 
 @statistic
-class SamplewiseStatistic(CountsNonfinite):
+class SamplewiseStatistic(LabelledStatistic):
     """Sum of a per-sample score over samples, and the sample count.
 
     Args:
@@ -41,10 +41,9 @@ class SamplewiseStatistic(CountsNonfinite):
             statistics merge only when it is equal.
         shape: shape of one sample's score (``()`` or ``(C,)``).
         threshold, ignore_index, top_k: as the global statistics.
-        count_nonfinite: also count NaN/Inf preds in a ``nonfinite`` slot.
         inputs: update keyword names (preds, target, mask).
 
-    Slots: ``sum`` [shape], ``count`` [1] (samples), ``bad`` [1] (+ ``nonfinite`` [1]); SUM.
+    Slots: ``sum`` [shape], ``count`` [1] (samples), ``bad`` [2] (labelled.BAD); SUM.
     Inputs: class / label dim last (``[N, d1, ..., C]``), as the metrics pass them.
     """
 
@@ -62,7 +61,7 @@ class SamplewiseStatistic(CountsNonfinite):
         return [(k, v) for k, v in super()._config() if k != "score"]
 
     def slots(self) -> list[Slot]:
-        return [Slot("sum", SUM, self.shape), Slot("count", SUM, (1,)), Slot("bad", SUM, (1,))] + self.nonfinite_slots()
+        return [Slot("sum", SUM, self.shape), Slot("count", SUM, (1,)), BAD]
 
     def update(self, state: dict[str, torch.Tensor], **inputs) -> None:
         preds, target, mask = self.unpack(inputs)
@@ -75,8 +74,6 @@ class SamplewiseStatistic(CountsNonfinite):
             tp, fp, tn, fn = self._binary_counts(state, preds, target, mask)
         state["sum"].add_(self.score(tp, fp, tn, fn).sum(0))
         state["count"].add_(float(n))
-        multiclass = self.task == "multiclass"
-        self.add_nonfinite(state, preds, target, mask, target.dim() if multiclass else preds.dim(), class_rows=multiclass)
 
     def _binary_counts(self, state, preds, target, mask):
         """One ``binary_stats`` call over ``[S, N * L]`` columns -> ``[N, L]`` each."""

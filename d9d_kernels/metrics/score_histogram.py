@@ -11,22 +11,21 @@ import torch
 from d9d_kernels import ops
 from d9d_kernels.core.statistic import SUM, Slot, optional_int, param, statistic
 from d9d_kernels.metrics.binary_stats import flatten_labels
-from d9d_kernels.metrics.nonfinite import CountsNonfinite
+from d9d_kernels.metrics.labelled import BAD, LabelledStatistic
 
 __all__ = ["HistogramStatistic"]
 
 
 @statistic
-class HistogramStatistic(CountsNonfinite):
-    """``hist`` [2, L, B] (positives, negatives per label and bin) + ``bad`` [1]
-    (+ ``nonfinite`` [1]); SUM.
+class HistogramStatistic(LabelledStatistic):
+    """``hist`` [2, L, B] (positives, negatives per label and bin) + ``bad`` [2]
+    (labelled.BAD); SUM.
 
     Args:
         num_labels: L (labels, or classes when ``multiclass``); ``None`` for binary.
         num_bins: B; the bin of probability p is ``clamp(floor(p B), 0, B - 1)``.
         multiclass: targets are class indices (one-vs-rest; softmax for logits).
         ignore_index: target value whose entries (rows when multiclass) are dropped.
-        count_nonfinite: also count NaN/Inf preds in a ``nonfinite`` slot.
         inputs: update keyword names.
     """
 
@@ -37,7 +36,7 @@ class HistogramStatistic(CountsNonfinite):
 
     def slots(self) -> list[Slot]:
         hist = Slot("hist", SUM, (2, self.num_labels or 1, self.num_bins))
-        return [hist, Slot("bad", SUM, (1,))] + self.nonfinite_slots()
+        return [hist, BAD]
 
     def update(self, state: dict[str, torch.Tensor], **inputs) -> None:
         preds, target, mask = self.unpack(inputs)
@@ -53,4 +52,3 @@ class HistogramStatistic(CountsNonfinite):
             hist=state["hist"], bad=state["bad"],
             multiclass=self.multiclass, ignore_index=self.ignore_index,
         )
-        self.add_nonfinite(state, preds, target, mask, target.dim())

@@ -184,6 +184,8 @@ class _Segmentation(Metric):
         self.bad += bad
         self._add(inter, psum, tsum, present)
 
+    _bad_cause = "target_out_of_range"  # pred or target class indices outside [0, num_classes)
+
     def _raise_on_bad(self) -> bool:
         return True
 

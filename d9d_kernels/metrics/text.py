@@ -22,12 +22,12 @@ from d9d_kernels.core.metric import Metric
 from d9d_kernels.core.statistic import SUM, Slot, statistic
 from d9d_kernels.metrics import _args as A
 from d9d_kernels.metrics.class_stats import ClassStatistic
-from d9d_kernels.metrics.nonfinite import CountsNonfinite
+from d9d_kernels.metrics.labelled import BAD, INPUTS, LabelledStatistic
 from d9d_kernels.metrics.vocab_parallel import add_vocab_class_stats, resolve
+from d9d_kernels.reference import add_bad
 
 __all__ = ["Perplexity"]
 
-INPUTS = ("preds", "target", "mask")
 LSE = "lse"
 VOCAB = "vocab"
 
@@ -42,13 +42,14 @@ def add_lse_nll(state, preds, target, mask, lse, ignore_index, count_rows: bool)
     keep = torch.ones_like(t, dtype=torch.bool) if mask is None else torch.broadcast_to(mask, target.shape).reshape(-1)
     if ignore_index is not None:
         keep = keep & (t != ignore_index)
-    ok = keep & (t >= 0) & (t < V) & torch.isfinite(l)
-    st = x.gather(1, torch.where(ok, t, 0)[:, None])[:, 0]
-    nll = torch.where(ok, l.to(torch.float64) - st.to(torch.float64), 0.0).sum()
+    target_ok = (t >= 0) & (t < V)
     if count_rows:
+        ok = add_bad(state["bad"], keep, target_ok, torch.isfinite(l))
         state["extras"][0] += ok.sum()
-        state["bad"] += (keep & ~ok).sum()
-    state["extras"][1] += nll
+    else:
+        ok = keep & target_ok & torch.isfinite(l)
+    st = x.gather(1, torch.where(ok, t, 0)[:, None])[:, 0]
+    state["extras"][1] += torch.where(ok, l.to(torch.float64) - st.to(torch.float64), 0.0).sum()
 
 
 _NO_STATS: dict = {}
@@ -66,20 +67,20 @@ def _no_stats(V: int, device: torch.device) -> torch.Tensor:
 
 
 @statistic
-class NLLStatistic(CountsNonfinite):
+class NLLStatistic(LabelledStatistic):
     """Valid tokens + summed NLL of one ``class_stats`` call, for any vocabulary size."""
 
     ignore_index: int | None = None
 
     def slots(self) -> list[Slot]:
-        return [Slot("extras", SUM, (2,)), Slot("bad", SUM, (1,))] + self.nonfinite_slots()
+        return [Slot("extras", SUM, (2,)), BAD]
 
     def update(self, state, **inputs) -> None:
         preds, target, mask = self.unpack(inputs)
         vocab = inputs.get(VOCAB)
         if vocab is not None:  # this tp rank's vocabulary shard: partials, one gather, combined
             add_vocab_class_stats(state, preds, target, mask, vocab, self.ignore_index, nll=True,
-                                  count_nonfinite=self.count_nonfinite, lse=inputs.get(LSE), rows_by_lse=True)
+                                  lse=inputs.get(LSE), rows_by_lse=True)
             return
         lse = inputs.get(LSE)
         if lse is not None:  # no kernel: the NLL of the given lse, a few [N] ops
@@ -89,7 +90,6 @@ class NLLStatistic(CountsNonfinite):
             # no top_ks: the kernel counts only extras and bad; stats [0, 3, V] holds no bytes
             ops.class_stats(preds, target, mask, num_classes=V, stats=_no_stats(V, preds.device),
                             extras=state["extras"], bad=state["bad"], ignore_index=self.ignore_index, top_ks=(), nll=True)
-        self.add_nonfinite(state, preds, target, mask, target.dim(), class_rows=True)
 
 
 class Perplexity(Metric):
@@ -137,10 +137,9 @@ class Perplexity(Metric):
         self.num_classes = num_classes
 
     def _statistics(self):
-        nonfinite = self.nan_strategy != "error"
         if self.num_classes is None:
-            return {"nll": NLLStatistic(self.ignore_index, count_nonfinite=nonfinite, inputs=INPUTS)}
-        return {"nll": ClassStatistic(self.num_classes, self.ignore_index, (1,), nll=True, count_nonfinite=nonfinite, inputs=INPUTS)}
+            return {"nll": NLLStatistic(self.ignore_index, inputs=INPUTS)}
+        return {"nll": ClassStatistic(self.num_classes, self.ignore_index, (1,), nll=True, inputs=INPUTS)}
 
     def update(self, preds: torch.Tensor, target: torch.Tensor, mask: torch.Tensor | None = None,
                lse: torch.Tensor | None = None, vocab=None) -> None:
@@ -175,9 +174,6 @@ class Perplexity(Metric):
     def _raise_on_bad(self) -> bool:
         return True
 
-    def _bad_count(self, states) -> torch.Tensor:
-        return A.bad_count(states["nll"], self.nan_strategy)
-
     def _bad_message(self, count) -> str:
         return A.bad_message(self._label, count, self.nan_strategy)
 
@@ -186,5 +182,5 @@ class Perplexity(Metric):
         n, nll = s["extras"][0], s["extras"][1]
         value = torch.where(n > 0, torch.exp(nll / torch.where(n > 0, n, torch.ones_like(n))), torch.zeros_like(n))
         if self.nan_strategy == "propagate":
-            value = torch.where(s["nonfinite"][0] > 0, torch.full_like(value, float("nan")), value)
+            value = torch.where(s["bad"][1] > 0, torch.full_like(value, float("nan")), value)
         return value

@@ -40,6 +40,7 @@ import torch
 from d9d_kernels import ops
 from d9d_kernels.metrics import _args as A
 from d9d_kernels.ops.row_sum_exp import row_sum_exp_ok
+from d9d_kernels.reference import add_bad
 from d9d_kernels.distributed import DistributedContext, as_context
 
 __all__ = ["VocabShard", "VocabSplit", "resolve", "vocab_rows", "add_vocab_class_stats"]
@@ -310,12 +311,11 @@ def vocab_rows(x: torch.Tensor, t: torch.Tensor, split: VocabSplit, kmax: int, s
 
 def add_vocab_class_stats(state: dict, preds: torch.Tensor, target: torch.Tensor, mask, split: VocabSplit,
                           ignore_index, top_ks=(), nll: bool = False, confmat: bool = False,
-                          count_nonfinite: bool = False, lse: torch.Tensor | None = None,
-                          rows_by_lse: bool = False) -> None:
-    """``reference.class_stats`` (+ the ``nonfinite`` count) of the unsharded
-    logits, from this rank's shard ``preds`` ``[..., size]``: the same slots
-    (``stats`` [K, 3, V] when ``top_ks``, ``extras``, ``bad``, ``confmat``,
-    ``nonfinite``), written identically on every tp rank.
+                          lse: torch.Tensor | None = None, rows_by_lse: bool = False) -> None:
+    """``reference.class_stats`` of the unsharded logits, from this rank's
+    shard ``preds`` ``[..., size]``: the same slots (``stats`` [K, 3, V] when
+    ``top_ks``, ``extras``, ``bad`` [2], ``confmat``), written identically on
+    every tp rank.
 
     ``lse`` (target's shape): the whole vocabulary's per-token logsumexp (the
     loss's); the exp pass is skipped and the NLL is ``lse - s[target]`` over
@@ -333,15 +333,12 @@ def add_vocab_class_stats(state: dict, preds: torch.Tensor, target: torch.Tensor
     if ignore_index is not None:
         keep = keep & (t != ignore_index)
     scores_ok = torch.isfinite(r.row_max)  # no NaN / +Inf, not all -Inf
-    in_range = keep & (t >= 0) & (t < V)
+    target_ok = (t >= 0) & (t < V)
     if lse is not None:
         l = lse.reshape(-1).to(torch.float64)
-        lse_ok = in_range & torch.isfinite(l)
-    ok = lse_ok if lse is not None and rows_by_lse else in_range & scores_ok
+        lse_ok = keep & target_ok & torch.isfinite(l)
+    ok = add_bad(state["bad"], keep, target_ok, torch.isfinite(l) if lse is not None and rows_by_lse else scores_ok)
     okf = ok.to(torch.float64)
-    state["bad"] += (keep & ~ok).sum(dtype=torch.float64)
-    if count_nonfinite and "nonfinite" in state:
-        state["nonfinite"] += (keep & ~scores_ok).sum(dtype=torch.float64)
     tgt = torch.where(ok, t, 0)
     e = state["extras"]
     e[0] += okf.sum()

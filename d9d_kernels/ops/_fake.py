@@ -80,7 +80,7 @@ def class_stats(preds, target, mask, num_classes, ignore_index, top_ks, nll, sta
     if confmat is not None:
         _state(op, "confmat", confmat, (C, C), dev)
     _state(op, "extras", extras, (2,), dev)
-    _state(op, "bad", bad, (1,), dev)
+    _state(op, "bad", bad, (2,), dev)
 
 
 def binary_stats(preds, target, mask, threshold, ignore_index, input_kind, state, bad):
@@ -92,7 +92,7 @@ def binary_stats(preds, target, mask, threshold, ignore_index, input_kind, state
     _ok(input_kind in (0, 1, 2), op, "input_kind", f"must be 0 (probs), 1 (logits) or 2 (auto), got {input_kind}")
     _mask(op, mask, preds.shape, dev)
     _state(op, "state", state, (preds.shape[1], 4), dev)
-    _state(op, "bad", bad, (1,), dev)
+    _state(op, "bad", bad, (2,), dev)
 
 
 def score_histogram(preds, target, mask, ignore_index, input_kind, multiclass, hist, bad):
@@ -109,7 +109,7 @@ def score_histogram(preds, target, mask, ignore_index, input_kind, multiclass, h
     _ok(hist.dim() == 3 and hist.shape[0] == 2 and hist.shape[1] == preds.shape[1] and hist.shape[2] >= 1, op, "hist",
         f"must be float64 [2, L, B] with L = {preds.shape[1]} and B >= 1, got shape {list(hist.shape)}")
     _state(op, "hist", hist, tuple(hist.shape), dev)
-    _state(op, "bad", bad, (1,), dev)
+    _state(op, "bad", bad, (2,), dev)
 
 
 def running_extrema(x, mask, skip_bad, state, bad):

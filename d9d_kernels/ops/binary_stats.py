@@ -34,7 +34,8 @@ def binary_stats(
         target: same shape as ``preds``; 0/1 (integer, bool or floating).
         mask: bool broadcastable to ``target`` or ``None``.
         state: float64 ``[L, 4]`` (tp, fp, tn, fn per label).
-        bad: float64 ``[1]``: entries with a target not in {0, 1} or a NaN/Inf pred.
+        bad: float64 ``[2]``: entries left out, by cause: ``[0]`` a target not
+            in {0, 1}, ``[1]`` a NaN/Inf pred.
         threshold: positive iff probability > threshold.
         ignore_index: target value whose entries are dropped, or ``None``.
         input_kind: ``reference.INPUT_PROBS | INPUT_LOGITS | INPUT_AUTO``.
@@ -42,7 +43,7 @@ def binary_stats(
 
     Example:
         >>> import torch, d9d_kernels as dk
-        >>> st, bad = torch.zeros(1, 4, dtype=torch.float64), torch.zeros(1, dtype=torch.float64)
+        >>> st, bad = torch.zeros(1, 4, dtype=torch.float64), torch.zeros(2, dtype=torch.float64)
         >>> dk.ops.binary_stats(torch.tensor([0.9, 0.2, 0.7]), torch.tensor([1, 0, 0]), state=st, bad=bad)
         >>> st.tolist()  # tp, fp, tn, fn
         [[1.0, 1.0, 1.0, 0.0]]
@@ -61,7 +62,7 @@ def binary_stats(
     n_lab = 1 if preds.dim() <= 1 else preds.shape[-1]
     mask = check_mask(OP, mask, target.shape, dev)
     check_state(OP, "state", state, (n_lab, 4), dev)
-    check_state(OP, "bad", bad, (1,), dev)
+    check_state(OP, "bad", bad, (2,), dev)
     preds = preds.reshape(-1, n_lab)
     target = target.reshape(-1, n_lab)
     mask = None if mask is None else mask.reshape(-1, n_lab)

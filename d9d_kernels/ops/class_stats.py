@@ -42,7 +42,8 @@ def class_stats(
         num_classes: C.
         stats: float64 ``[len(top_ks), 3, C]`` (tp, predicted, target per class).
         extras: float64 ``[2]``: valid rows, NLL sum.
-        bad: float64 ``[1]``: rows with an out-of-range target/pred or NaN/Inf scores.
+        bad: float64 ``[2]``: rows left out, by cause: ``[0]`` an out-of-range
+            target (or index pred), ``[1]`` NaN/+Inf (or only -Inf) scores.
         confmat: float64 ``[C, C]`` (rows = target, cols = argmax) or ``None``.
         ignore_index: target value whose rows are dropped, or ``None``.
         top_ks: distinct k's, ``1 <= k <= C`` (only ``(1,)`` for index preds).
@@ -54,7 +55,7 @@ def class_stats(
     Example:
         >>> import torch, d9d_kernels as dk
         >>> st = torch.zeros(1, 3, 3, dtype=torch.float64)
-        >>> ex, bad = torch.zeros(2, dtype=torch.float64), torch.zeros(1, dtype=torch.float64)
+        >>> ex, bad = torch.zeros(2, dtype=torch.float64), torch.zeros(2, dtype=torch.float64)
         >>> dk.ops.class_stats(torch.tensor([0, 2, 1]), torch.tensor([0, 1, 1]),
         ...                    num_classes=3, stats=st, extras=ex, bad=bad)
         >>> st[0, 0].tolist()  # true positives per class
@@ -86,7 +87,7 @@ def class_stats(
     mask = check_mask(OP, mask, target.shape, dev)
     check_state(OP, "stats", stats, (len(top_ks), 3, C), dev)
     check_state(OP, "extras", extras, (2,), dev)
-    check_state(OP, "bad", bad, (1,), dev)
+    check_state(OP, "bad", bad, (2,), dev)
     if confmat is not None:
         check_state(OP, "confmat", confmat, (C, C), dev)
 

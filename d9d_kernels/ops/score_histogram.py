@@ -35,7 +35,8 @@ def score_histogram(
             when ``multiclass``.
         mask: bool broadcastable to ``target`` or ``None``.
         hist: float64 ``[2, L, B]``: positives, negatives per label and bin.
-        bad: float64 ``[1]``.
+        bad: float64 ``[2]``: entries (rows when multiclass) left out, by
+            cause: ``[0]`` a bad target, ``[1]`` a NaN/Inf pred.
         multiclass: one-vs-rest from class-index targets (softmax for logits).
         ignore_index: target value whose entries/rows are dropped, or ``None``.
         input_kind: ``reference.INPUT_PROBS | INPUT_LOGITS | INPUT_AUTO``.
@@ -43,7 +44,7 @@ def score_histogram(
 
     Example:
         >>> import torch, d9d_kernels as dk
-        >>> h, bad = torch.zeros(2, 1, 4, dtype=torch.float64), torch.zeros(1, dtype=torch.float64)
+        >>> h, bad = torch.zeros(2, 1, 4, dtype=torch.float64), torch.zeros(2, dtype=torch.float64)
         >>> dk.ops.score_histogram(torch.tensor([0.1, 0.9]), torch.tensor([0, 1]), hist=h, bad=bad)
         >>> h[:, 0].tolist()
         [[0.0, 0.0, 0.0, 1.0], [1.0, 0.0, 0.0, 0.0]]
@@ -67,7 +68,7 @@ def score_histogram(
     mask = check_mask(OP, mask, target.shape, dev)
     check_state(OP, "hist", hist, (2, n_lab, hist.shape[2]), dev)
     check(hist.shape[2] >= 1, OP, "hist", "needs at least one bin")
-    check_state(OP, "bad", bad, (1,), dev)
+    check_state(OP, "bad", bad, (2,), dev)
     preds = preds.reshape(-1, n_lab)
     target = target.reshape(-1) if multiclass else target.reshape(-1, n_lab)
     if mask is not None:

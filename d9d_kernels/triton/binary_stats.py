@@ -6,7 +6,9 @@ per-label counts with one relaxed vector ``tl.atomic_add`` each at the end
 (not one atomic per element: with L = 1 every element would hit the same 4
 addresses). ``threshold`` travels as the int64 of its float64 bits (a Python
 float argument would be rounded to float32 by Triton; a tensor would cost an
-allocation and a copy per call).
+allocation and a copy per call). ``bad`` [2] gets, by cause, the kept
+entries whose target is not 0/1 (``[0]``) and the other ones whose pred is
+NaN/Inf (``[1]``), with one atomic each per program.
 
 ``INPUT_AUTO`` needs "any valid pred of the call lies outside [0, 1]" before
 anything is counted: ``outside_kernel`` computes it into an int32 flag first
@@ -29,7 +31,8 @@ from d9d_kernels.triton._common import (
 @triton.jit
 def load_tile(p_ptr, t_ptr, m_ptr, rt, n, L, ignore, HAS_M: tl.constexpr, HAS_IGNORE: tl.constexpr,
               BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr):
-    """Row tile ``rt``: preds (float64), targets, kept entries and ok (kept, 0/1 target, finite pred)."""
+    """Row tile ``rt``: preds (float64), targets, kept entries, kept with a 0/1 target, and ok
+    (those with a finite pred)."""
     rows = tl.arange(0, BLOCK_N).to(tl.int64) + rt * BLOCK_N
     cols = tl.program_id(1) * BLOCK_L + tl.arange(0, BLOCK_L)
     offs = rows[:, None] * L + cols[None, :]
@@ -40,8 +43,9 @@ def load_tile(p_ptr, t_ptr, m_ptr, rt, n, L, ignore, HAS_M: tl.constexpr, HAS_IG
         keep = keep & (tl.load(m_ptr + offs, mask=keep, other=0) != 0)
     if HAS_IGNORE:
         keep = keep & (t != ignore)
-    ok = keep & ((t == 0) | (t == 1)) & finite(p)
-    return p, t, keep, ok, cols
+    good_t = keep & ((t == 0) | (t == 1))
+    ok = good_t & finite(p)
+    return p, t, keep, good_t, ok, cols
 
 
 @triton.jit
@@ -50,7 +54,8 @@ def outside_kernel(p_ptr, t_ptr, m_ptr, flag_ptr, n, L, ignore, HAS_M: tl.conste
     """flag = 1 if an ok entry's pred lies outside [0, 1] (INPUT_AUTO -> logits)."""
     out = tl.zeros([BLOCK_N, BLOCK_L], tl.int32)
     for rt in range(tl.program_id(0), tl.cdiv(n, BLOCK_N), tl.num_programs(0)):
-        p, t, keep, ok, cols = load_tile(p_ptr, t_ptr, m_ptr, rt, n, L, ignore, HAS_M, HAS_IGNORE, BLOCK_N, BLOCK_L)
+        p, t, keep, good_t, ok, cols = load_tile(p_ptr, t_ptr, m_ptr, rt, n, L, ignore, HAS_M, HAS_IGNORE,
+                                                 BLOCK_N, BLOCK_L)
         out = tl.maximum(out, (ok & ((p < 0) | (p > 1))).to(tl.int32))
     tl.atomic_max(flag_ptr, tl.max(tl.max(out, 1), 0), sem="relaxed")
 
@@ -70,14 +75,18 @@ def _binary_stats_kernel(p_ptr, t_ptr, m_ptr, flag_ptr, thr_bits, state_ptr, bad
                          KIND: tl.constexpr, HAS_M: tl.constexpr, HAS_IGNORE: tl.constexpr,
                          BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr):
     thr = from_bits(thr_bits)
-    n_bad = tl.zeros([BLOCK_L], tl.int64)
+    n_bad_t = tl.zeros([BLOCK_L], tl.int64)
+    n_bad_p = tl.zeros([BLOCK_L], tl.int64)
     tp = tl.zeros([BLOCK_L], tl.int64)
     fp = tl.zeros([BLOCK_L], tl.int64)
     tn = tl.zeros([BLOCK_L], tl.int64)
     fn = tl.zeros([BLOCK_L], tl.int64)
     for rt in range(tl.program_id(0), tl.cdiv(n, BLOCK_N), tl.num_programs(0)):
-        p, t, keep, ok, cols = load_tile(p_ptr, t_ptr, m_ptr, rt, n, L, ignore, HAS_M, HAS_IGNORE, BLOCK_N, BLOCK_L)
-        n_bad += tl.sum((keep & ~ok).to(tl.int64), 0)
+        p, t, keep, good_t, ok, cols = load_tile(p_ptr, t_ptr, m_ptr, rt, n, L, ignore, HAS_M, HAS_IGNORE,
+                                                 BLOCK_N, BLOCK_L)
+        # the target is judged first: a bad target counts there whatever the pred holds
+        n_bad_t += tl.sum((keep & ~good_t).to(tl.int64), 0)
+        n_bad_p += tl.sum((good_t & ~ok).to(tl.int64), 0)
         pos = to_prob(p, flag_ptr, KIND) > thr
         tpos = t == 1
         tp += tl.sum((ok & pos & tpos).to(tl.int64), 0)
@@ -87,7 +96,8 @@ def _binary_stats_kernel(p_ptr, t_ptr, m_ptr, flag_ptr, thr_bits, state_ptr, bad
     cols = tl.program_id(1) * BLOCK_L + tl.arange(0, BLOCK_L)
     lab = cols < L
     out = state_ptr + cols * 4
-    tl.atomic_add(bad_ptr, tl.sum(n_bad, 0).to(tl.float64), sem="relaxed")
+    tl.atomic_add(bad_ptr, tl.sum(n_bad_t, 0).to(tl.float64), sem="relaxed")
+    tl.atomic_add(bad_ptr + 1, tl.sum(n_bad_p, 0).to(tl.float64), sem="relaxed")
     tl.atomic_add(out + 0, tp.to(tl.float64), mask=lab, sem="relaxed")
     tl.atomic_add(out + 1, fp.to(tl.float64), mask=lab, sem="relaxed")
     tl.atomic_add(out + 2, tn.to(tl.float64), mask=lab, sem="relaxed")

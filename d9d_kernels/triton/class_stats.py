@@ -16,6 +16,10 @@ Two kernels:
   ``argmax`` is pick 0. Counts then go to ``stats`` / ``confmat`` with
   per-row atomics (per k: target slot, the k predicted slots, the hit).
 
+Bad rows go to ``bad`` [2] by cause, the target judged first: ``bad[0]``
+rows whose target (or index pred) is outside ``[0, C)``, ``bad[1]`` the
+other bad rows (their scores).
+
 Cost per tile is O(KMAX * (BLOCK_C + KP)): meant for small k (top-1/5/10).
 ``top_ks`` is a constexpr tuple (no per-call device tensor, so no host sync
 and nothing allocated: the launch is graph-capturable); scores compare in
@@ -52,6 +56,8 @@ def _index_kernel(p_ptr, t_ptr, m_ptr, stats_ptr, confmat_ptr, extras_ptr, bad_p
     t, keep, t_in = _rows_kept(t_ptr, m_ptr, rows, n, C, ignore, HAS_M, HAS_IGNORE)
     p = tl.load(p_ptr + rows, mask=rows < n, other=0)
     ok = keep & t_in & (p >= 0) & (p < C)
+    # an index pred out of range is a label mistake too: every bad row goes to
+    # bad[0] (target cause); index preds have no NaN/Inf, so bad[1] gets nothing
     tl.atomic_add(bad_ptr, tl.sum((keep & ~ok).to(tl.float64), 0), sem="relaxed")
     tl.atomic_add(extras_ptr, tl.sum(ok.to(tl.float64), 0), sem="relaxed")
     tl.atomic_add(stats_ptr + t, 1.0, mask=ok & (p == t), sem="relaxed")
@@ -91,7 +97,8 @@ def _scores_kernel(s_ptr, t_ptr, m_ptr, stats_ptr, confmat_ptr, extras_ptr, bad_
     BIG: tl.constexpr = 2**62
     LOG2E: tl.constexpr = 1.4426950408889634
     kcol = tl.arange(0, KP)[None, :]
-    n_kept_bad = tl.zeros([BLOCK_N], tl.int32)
+    n_bad_t = tl.zeros([BLOCK_N], tl.int32)
+    n_bad_p = tl.zeros([BLOCK_N], tl.int32)
     n_ok = tl.zeros([BLOCK_N], tl.int32)
     nll_sum = tl.zeros([BLOCK_N], tl.float64)
     # A capped grid: each program walks row tiles, so the scalar counters get
@@ -123,7 +130,9 @@ def _scores_kernel(s_ptr, t_ptr, m_ptr, stats_ptr, confmat_ptr, extras_ptr, bad_
                 mx = new_mx
         ok = keep & t_in & (n_bad == 0) & (tl.max(bv, 1) > -float("inf"))  # not all -Inf
         t = tl.where(ok, t, 0)
-        n_kept_bad += (keep & ~ok).to(tl.int32)
+        # the target is judged first: a row with a bad target counts there whatever its scores hold
+        n_bad_t += (keep & ~t_in).to(tl.int32)
+        n_bad_p += (keep & t_in & ~ok).to(tl.int32)
         n_ok += ok.to(tl.int32)
         if NLL:
             s_t = tl.load(s_ptr + rows * C + t, mask=ok, other=0).to(tl.float64)
@@ -140,7 +149,8 @@ def _scores_kernel(s_ptr, t_ptr, m_ptr, stats_ptr, confmat_ptr, extras_ptr, bad_
         if HAS_CONFMAT:
             argmax = tl.sum(tl.where(kcol == 0, bi, 0), 1)
             tl.atomic_add(confmat_ptr + t * C + argmax, 1.0, mask=ok, sem="relaxed")
-    tl.atomic_add(bad_ptr, tl.sum(n_kept_bad, 0).to(tl.float64), sem="relaxed")
+    tl.atomic_add(bad_ptr, tl.sum(n_bad_t, 0).to(tl.float64), sem="relaxed")
+    tl.atomic_add(bad_ptr + 1, tl.sum(n_bad_p, 0).to(tl.float64), sem="relaxed")
     tl.atomic_add(extras_ptr, tl.sum(n_ok, 0).to(tl.float64), sem="relaxed")
     if NLL:
         tl.atomic_add(extras_ptr + 1, tl.sum(nll_sum, 0), sem="relaxed")

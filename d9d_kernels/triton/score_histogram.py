@@ -14,7 +14,9 @@ computed in float64 before the integer cast, so +-huge probabilities clamp.
   ``INPUT_AUTO`` runs the first loop alone first to set the logits flag.
 
 Both loop over row tiles on at most ``MAX_PROGRAMS`` programs (per label
-tile); the flag is a reused buffer, so a call allocates nothing.
+tile); the flag is a reused buffer, so a call allocates nothing. ``bad`` [2]
+gets, by cause, the kept entries (rows when multiclass) with a bad target
+(``[0]``) and the other ones with a NaN/Inf pred (``[1]``).
 """
 
 from typing import Optional
@@ -32,23 +34,28 @@ from d9d_kernels.triton.binary_stats import grid_2d, load_tile, logit_flag, outs
 def _binary_hist_kernel(p_ptr, t_ptr, m_ptr, flag_ptr, hist_ptr, bad_ptr, n, L, B, ignore,
                         KIND: tl.constexpr, HAS_M: tl.constexpr, HAS_IGNORE: tl.constexpr,
                         BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr):
-    n_bad = tl.zeros([BLOCK_L], tl.int64)
+    n_bad_t = tl.zeros([BLOCK_L], tl.int64)
+    n_bad_p = tl.zeros([BLOCK_L], tl.int64)
     for rt in range(tl.program_id(0), tl.cdiv(n, BLOCK_N), tl.num_programs(0)):
-        p, t, keep, ok, cols = load_tile(p_ptr, t_ptr, m_ptr, rt, n, L, ignore, HAS_M, HAS_IGNORE, BLOCK_N, BLOCK_L)
-        n_bad += tl.sum((keep & ~ok).to(tl.int64), 0)
+        p, t, keep, good_t, ok, cols = load_tile(p_ptr, t_ptr, m_ptr, rt, n, L, ignore, HAS_M, HAS_IGNORE,
+                                                 BLOCK_N, BLOCK_L)
+        # the target is judged first: a bad target counts there whatever the pred holds
+        n_bad_t += tl.sum((keep & ~good_t).to(tl.int64), 0)
+        n_bad_p += tl.sum((good_t & ~ok).to(tl.int64), 0)
         prob = tl.where(ok, to_prob(p, flag_ptr, KIND), 0.0)
         b = tl.minimum(tl.maximum(tl.floor(prob * B), 0.0), B - 1.0).to(tl.int64)
         neg = (t != 1).to(tl.int64)
         idx = neg * L * B + cols[None, :].to(tl.int64) * B + b
         tl.atomic_add(hist_ptr + idx, 1.0, mask=ok, sem="relaxed")
-    tl.atomic_add(bad_ptr, tl.sum(n_bad, 0).to(tl.float64), sem="relaxed")
+    tl.atomic_add(bad_ptr, tl.sum(n_bad_t, 0).to(tl.float64), sem="relaxed")
+    tl.atomic_add(bad_ptr + 1, tl.sum(n_bad_p, 0).to(tl.float64), sem="relaxed")
 
 
 @triton.jit
 def _row_scan(p_ptr, t_ptr, m_ptr, rt, n, C, ignore, HAS_M: tl.constexpr, HAS_IGNORE: tl.constexpr,
               SOFTMAX: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr):
-    """Per row of row tile ``rt``: target, kept, ok (kept, target in [0, C), all finite), any
-    pred outside [0, 1], and the softmax max / sum of exp (when SOFTMAX)."""
+    """Per row of row tile ``rt``: target, kept, kept with a target in [0, C), ok (those with
+    all preds finite), any pred outside [0, 1], and the softmax max / sum of exp (when SOFTMAX)."""
     rows = tl.arange(0, BLOCK_N).to(tl.int64) + rt * BLOCK_N
     inb = rows < n
     t = tl.load(t_ptr + rows, mask=inb, other=0)
@@ -73,8 +80,9 @@ def _row_scan(p_ptr, t_ptr, m_ptr, rt, n, C, ignore, HAS_M: tl.constexpr, HAS_IG
             safe = tl.where(new_mx == -float("inf"), 0.0, new_mx)
             se = se * tl.exp(mx - safe) + tl.sum(tl.exp(x - safe[:, None]), 1)
             mx = new_mx
-    ok = keep & (t >= 0) & (t < C) & (n_bad == 0)
-    return rows, t, keep, ok, n_out > 0, mx, se
+    good_t = keep & (t >= 0) & (t < C)
+    ok = good_t & (n_bad == 0)
+    return rows, t, keep, good_t, ok, n_out > 0, mx, se
 
 
 @triton.jit
@@ -82,8 +90,8 @@ def _multiclass_outside_kernel(p_ptr, t_ptr, m_ptr, flag_ptr, n, C, ignore, HAS_
                                HAS_IGNORE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr):
     out = tl.zeros([BLOCK_N], tl.int32)
     for rt in range(tl.program_id(0), tl.cdiv(n, BLOCK_N), tl.num_programs(0)):
-        rows, t, keep, ok, outside, mx, se = _row_scan(p_ptr, t_ptr, m_ptr, rt, n, C, ignore, HAS_M, HAS_IGNORE,
-                                                       False, BLOCK_N, BLOCK_C)
+        rows, t, keep, good_t, ok, outside, mx, se = _row_scan(p_ptr, t_ptr, m_ptr, rt, n, C, ignore, HAS_M,
+                                                               HAS_IGNORE, False, BLOCK_N, BLOCK_C)
         out = tl.maximum(out, (ok & outside).to(tl.int32))
     tl.atomic_max(flag_ptr, tl.max(out, 0), sem="relaxed")
 
@@ -92,11 +100,14 @@ def _multiclass_outside_kernel(p_ptr, t_ptr, m_ptr, flag_ptr, n, C, ignore, HAS_
 def _multiclass_hist_kernel(p_ptr, t_ptr, m_ptr, flag_ptr, hist_ptr, bad_ptr, n, C, B, ignore,
                             KIND: tl.constexpr, HAS_M: tl.constexpr, HAS_IGNORE: tl.constexpr,
                             BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr):
-    n_bad = tl.zeros([BLOCK_N], tl.int64)
+    n_bad_t = tl.zeros([BLOCK_N], tl.int64)
+    n_bad_p = tl.zeros([BLOCK_N], tl.int64)
     for rt in range(tl.program_id(0), tl.cdiv(n, BLOCK_N), tl.num_programs(0)):
-        rows, t, keep, ok, outside, mx, se = _row_scan(p_ptr, t_ptr, m_ptr, rt, n, C, ignore, HAS_M, HAS_IGNORE,
-                                                       KIND != 0, BLOCK_N, BLOCK_C)
-        n_bad += (keep & ~ok).to(tl.int64)
+        rows, t, keep, good_t, ok, outside, mx, se = _row_scan(p_ptr, t_ptr, m_ptr, rt, n, C, ignore, HAS_M,
+                                                               HAS_IGNORE, KIND != 0, BLOCK_N, BLOCK_C)
+        # the target is judged first: a row with a bad target counts there whatever its preds hold
+        n_bad_t += (keep & ~good_t).to(tl.int64)
+        n_bad_p += (good_t & ~ok).to(tl.int64)
         for c0 in range(0, C, BLOCK_C):
             cols = c0 + tl.arange(0, BLOCK_C)
             use = ok[:, None] & (cols[None, :] < C)
@@ -110,7 +121,8 @@ def _multiclass_hist_kernel(p_ptr, t_ptr, m_ptr, flag_ptr, hist_ptr, bad_ptr, n,
             neg = (cols[None, :] != t[:, None]).to(tl.int64)
             idx = neg * C * B + cols[None, :].to(tl.int64) * B + b
             tl.atomic_add(hist_ptr + idx, 1.0, mask=use, sem="relaxed")
-    tl.atomic_add(bad_ptr, tl.sum(n_bad, 0).to(tl.float64), sem="relaxed")
+    tl.atomic_add(bad_ptr, tl.sum(n_bad_t, 0).to(tl.float64), sem="relaxed")
+    tl.atomic_add(bad_ptr + 1, tl.sum(n_bad_p, 0).to(tl.float64), sem="relaxed")
 
 
 @register("score_histogram_triton", mutates_args=("hist", "bad"))

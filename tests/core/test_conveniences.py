@@ -269,9 +269,11 @@ def test_bad_input_counts_by_cause_never_raise():
     m.reset()
     assert m.bad_input_counts() == {"target_out_of_range": 0, "nonfinite_preds": 0}
 
-    e_m = dk.Accuracy(**KW)  # nan_strategy="error": one slot for both causes (kernel counts them together)
+    e_m = dk.Accuracy(**KW)  # nan_strategy="error": the same split, both causes raise
     e_m.update(p, t)
-    assert e_m.bad_input_counts() == {"target_out_of_range_or_nonfinite_preds": 3}
+    assert e_m.bad_input_counts() == {"target_out_of_range": 2, "nonfinite_preds": 1}
+    with pytest.raises(ValueError, match=r"3 invalid.*target_out_of_range=2, nonfinite_preds=1\. Fix: pass ignore_index="):
+        e_m.compute()
     agg = dk.SumMetric(nan_strategy="error")
     agg.update(torch.tensor([1.0, float("inf"), float("nan")]))
     assert agg.bad_input_counts() == {"nonfinite_inputs": 2}

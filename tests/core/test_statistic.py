@@ -32,23 +32,22 @@ CASES = {
     "class": (
         ClassStatistic(10, None, (1,)),
         {"num_classes": 12, "ignore_index": -100, "inputs": INPUTS2},
-        {"top_ks": ((3, 5), (1, 3, 5)), "confmat": (True, True), "nll": (True, True),
-         "count_nonfinite": (True, True)},
+        {"top_ks": ((3, 5), (1, 3, 5)), "confmat": (True, True), "nll": (True, True)},
     ),
     "binary": (
         BinaryStatistic(None, 0.5),
         {"num_labels": 3, "threshold": 0.25, "ignore_index": 7, "inputs": INPUTS2},
-        {"count_nonfinite": (True, True)},
+        {},
     ),
     "histogram": (
         HistogramStatistic(4, 100, multiclass=True),
         {"num_labels": 5, "num_bins": 50, "multiclass": False, "ignore_index": -1, "inputs": INPUTS2},
-        {"count_nonfinite": (True, True)},
+        {},
     ),
     "nll": (
         NLLStatistic(None),
         {"ignore_index": -100, "inputs": INPUTS2},
-        {"count_nonfinite": (True, True)},
+        {},
     ),
     "moments": (
         MomentsStatistic(paired=True, shared=True),
@@ -116,9 +115,9 @@ def test_fields_are_normalised_and_frozen():
 def test_class_view_gives_each_member_its_own_top_ks():
     a = ClassStatistic(4, None, (1, 3))
     b = ClassStatistic(4, None, (2,), confmat=True)
-    c = ClassStatistic(4, None, (3, 1), count_nonfinite=True)
+    c = ClassStatistic(4, None, (3, 1), nll=True)
     m = a.merge(b).merge(c)
-    assert m.top_ks == (1, 2, 3) and m.confmat and m.count_nonfinite
+    assert m.top_ks == (1, 2, 3) and m.confmat and m.nll
     state = {s.name: torch.arange(float(np.prod(s.shape))).reshape(s.shape) for s in m.slots()}
     for need, rows in ((a, [0, 2]), (b, [1]), (c, [0, 2])):
         v = m.view(state, need)

@@ -175,8 +175,8 @@ def test_l1_counts_stay_in_registers():
     l1 = [n for n in family(funcs, "binary_kernel") if "binary_kernelILb1E" in n]
     assert l1
     for name in l1:
-        # the only shared atomics are the per-warp sums of the block flush (5 counters)
-        assert funcs[name].count("ATOMS") <= 5, name
+        # the only shared atomics are the per-warp sums of the block flush (6 counters: 4 cells, bad[2])
+        assert funcs[name].count("ATOMS") <= 6, name
 
 
 @pytest.mark.parametrize("fam", OURS)
@@ -288,8 +288,8 @@ def _calls(dev):
          lambda: (_f64(9), _f64(1))),
         ("running_extrema", lambda s, b: dk.ops.running_extrema(xs.bfloat16(), mask=m, state=s, bad=b),
          lambda: (_f64(2, fill=-float("inf")), _f64(1))),
-        ("binary_stats", lambda s, b: dk.ops.binary_stats(p, t, state=s, bad=b), lambda: (_f64(50257, 4), _f64(1))),
-        ("binary_stats_L1", lambda s, b: dk.ops.binary_stats(p1, t1, state=s, bad=b), lambda: (_f64(1, 4), _f64(1))),
+        ("binary_stats", lambda s, b: dk.ops.binary_stats(p, t, state=s, bad=b), lambda: (_f64(50257, 4), _f64(2))),
+        ("binary_stats_L1", lambda s, b: dk.ops.binary_stats(p1, t1, state=s, bad=b), lambda: (_f64(1, 4), _f64(2))),
         ("score_histogram", lambda s, b: dk.ops.score_histogram(p1, t1, hist=s, bad=b),
          lambda: (_f64(2, 1, 10_000), _f64(1))),
         ("score_histogram_multiclass",
@@ -373,7 +373,7 @@ def test_cuda_running_extrema_beyond_int32():
     dk.ops.running_extrema(x, state=s, bad=b, backend="cuda")
     assert s.tolist() == [float("inf"), 2.0] and b.item() == 1.0
     lab = torch.zeros(n, dtype=torch.int64, device="cuda")
-    st, bad = _f64(1, 4), _f64(1)
+    st, bad = _f64(1, 4), _f64(2)
     dk.ops.binary_stats(x, lab, state=st, bad=bad, input_kind=reference.INPUT_PROBS, backend="cuda")
     # preds: 3.0 and inf are > 0.5 (inf is bad: not finite), the rest are 0 or -2
     assert st.tolist() == [[0.0, 1.0, float(n - 2), 0.0]] and bad.item() == 1.0

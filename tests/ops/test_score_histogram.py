@@ -17,7 +17,7 @@ KINDS = [reference.INPUT_PROBS, reference.INPUT_LOGITS, reference.INPUT_AUTO]
 
 def run_and_compare(backend, preds, target, mask=None, *, B=16, multiclass=False, ignore_index=None, input_kind=reference.INPUT_AUTO):
     L = preds.shape[-1] if multiclass else (1 if preds.dim() <= 1 else preds.shape[-1])
-    got, want = [f64(2, L, B), f64(1)], [f64(2, L, B), f64(1)]
+    got, want = [f64(2, L, B), f64(2)], [f64(2, L, B), f64(2)]
     dk.ops.score_histogram(preds, target, mask, hist=got[0], bad=got[1], multiclass=multiclass, ignore_index=ignore_index,
                            input_kind=input_kind, backend=backend)
     rp = preds.reshape(-1, L)
@@ -61,9 +61,15 @@ def test_bad_and_ignored(backend):
     target = torch.randint(-1, 7, (200,))
     target[0] = 10**12
     got = run_and_compare(backend, preds, target, multiclass=True, ignore_index=-1, B=100)
-    assert got[1].item() > 0
-    got = run_and_compare(backend, preds, torch.randint(-1, 3, (200, 5)), ignore_index=-1, B=3)
-    assert got[1].item() > 0
+    # by cause: a target outside [0, L) whatever the row holds, else a NaN/Inf score in the row
+    kept, target_ok = target != -1, (target >= 0) & (target < 5)
+    want = [(kept & ~target_ok).sum().item(), (kept & target_ok & ~torch.isfinite(preds).all(1)).sum().item()]
+    assert got[1].tolist() == want and min(want) > 0
+    labels = torch.randint(-1, 3, (200, 5))
+    got = run_and_compare(backend, preds, labels, ignore_index=-1, B=3)
+    kept, target_ok = labels != -1, (labels == 0) | (labels == 1)
+    want = [(kept & ~target_ok).sum().item(), (kept & target_ok & ~torch.isfinite(preds)).sum().item()]
+    assert got[1].tolist() == want and min(want) > 0
     run_and_compare(backend, preds, torch.randint(0, 2, (200, 5)), torch.zeros(200, 5, dtype=torch.bool))
 
 
@@ -111,8 +117,8 @@ from op_utils import assert_compiled_matches_eager, assert_rejects, needs_cpp  #
 def test_opcheck():
     p, t, m = torch.randn(30, 3), torch.randint(0, 2, (30, 3)), torch.rand(30, 3) > 0.2
     op = torch.ops.d9d_kernels.score_histogram.default
-    torch.library.opcheck(op, (p, t, m, None, 2, False, f64(2, 3, 8), f64(1)))
-    torch.library.opcheck(op, (p.bfloat16(), t[:, 0], m[:, 0], 1, 1, True, f64(2, 3, 5), f64(1)))
+    torch.library.opcheck(op, (p, t, m, None, 2, False, f64(2, 3, 8), f64(2)))
+    torch.library.opcheck(op, (p.bfloat16(), t[:, 0], m[:, 0], 1, 1, True, f64(2, 3, 5), f64(2)))
 
 
 @pytest.mark.parametrize("multiclass", [False, True])
@@ -126,13 +132,13 @@ def test_compile_matches_eager(impl, multiclass):
     def fn(hist, bad):
         dk.ops.score_histogram(p, t, t != 3, hist=hist, bad=bad, multiclass=multiclass, backend=impl)
 
-    assert_compiled_matches_eager(fn, lambda: (f64(2, 4, 10), f64(1)))
+    assert_compiled_matches_eager(fn, lambda: (f64(2, 4, 10), f64(2)))
 
 
 def test_bad_input_wrapper():
     op = "score_histogram"
     p, t = torch.rand(8, 3), torch.randint(0, 2, (8, 3))
-    h, bd = f64(2, 3, 5), f64(1)
+    h, bd = f64(2, 3, 5), f64(2)
     call = lambda **kw: dk.ops.score_histogram(**{"preds": p, "target": t, "hist": h, "bad": bd, **kw})  # noqa: E731
     assert_rejects(lambda: call(target=t[:, :2]), op, "target", [h, bd])
     assert_rejects(lambda: call(multiclass=True), op, "preds", [h, bd])
@@ -150,7 +156,7 @@ def test_bad_input_wrapper():
 def test_bad_input_direct_op():
     op = "score_histogram"
     p, t = torch.rand(8, 3), torch.randint(0, 2, (8, 3))
-    h, bd = f64(2, 3, 5), f64(1)
+    h, bd = f64(2, 3, 5), f64(2)
 
     def call(preds=p, target=t, mask=None, kind=2, multiclass=False, hist=h, bad=bd):
         torch.ops.d9d_kernels.score_histogram(preds, target, mask, None, kind, multiclass, hist, bad)
@@ -165,7 +171,7 @@ def test_bad_input_direct_op():
     assert_rejects(lambda: call(hist=f64(2, 4, 5)), op, "hist", [h, bd])
     assert_rejects(lambda: call(hist=f64(2, 3, 10)[..., ::2]), op, "hist", [h, bd])
     assert_rejects(lambda: call(hist=h.to("meta")), op, "hist", [h, bd])
-    assert_rejects(lambda: call(bad=f64(2)), op, "bad", [h, bd])
+    assert_rejects(lambda: call(bad=f64(1)), op, "bad", [h, bd])
 
 
 @pytest.mark.gpu
@@ -178,9 +184,9 @@ def test_cuda_matches_reference(dtype, kind, shape, B, multiclass):
     n, L = shape
     target = torch.randint(-1, L + 1, (n,)) if multiclass else torch.randint(-1, 3, shape)
     mask = torch.rand(target.shape) > 0.1
-    want = [f64(2, L, B), f64(1)]
+    want = [f64(2, L, B), f64(2)]
     reference.score_histogram(preds, target, mask, -1, kind, multiclass, *want)
-    got = [f64(2, L, B).cuda(), f64(1).cuda()]
+    got = [f64(2, L, B).cuda(), f64(2).cuda()]
     dk.ops.score_histogram(preds.cuda(), target.cuda(), mask.cuda(), hist=got[0], bad=got[1], multiclass=multiclass,
                            ignore_index=-1, input_kind=kind, backend="cuda")
     assert_counts_equal(got[0].cpu(), want[0], "hist")

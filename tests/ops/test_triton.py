@@ -149,19 +149,19 @@ def test_binary_stats_vs_reference(dtype, n, L):
         p, t, mask = _binary_inputs(n, L, dtype, scale)
         for kind in (reference.INPUT_PROBS, reference.INPUT_LOGITS, reference.INPUT_AUTO):
             for ignore, m in ((None, None), (-1, mask)):
-                both("binary_stats", (p, t, m, 0.5, ignore, kind), [f64(L, 4), f64(1)])
-                both("binary_stats", (p, t, m, 0.3, ignore, kind), [f64(L, 4, fill=1.0), f64(1)])
+                both("binary_stats", (p, t, m, 0.5, ignore, kind), [f64(L, 4), f64(2)])
+                both("binary_stats", (p, t, m, 0.3, ignore, kind), [f64(L, 4, fill=1.0), f64(2)])
 
 
 def test_binary_stats_threshold_is_float64():
     # 0.3 + 1e-12 > 0.3 only if the threshold is not rounded to float32 (0.30000001192...)
     p = torch.tensor([[0.3 + 1e-12], [0.3], [0.3000001]], dtype=torch.float64)
     t = torch.tensor([[1], [1], [0]])
-    got = both("binary_stats", (p, t, None, 0.3, None, reference.INPUT_PROBS), [f64(1, 4), f64(1)])
+    got = both("binary_stats", (p, t, None, 0.3, None, reference.INPUT_PROBS), [f64(1, 4), f64(2)])
     assert got[0].tolist() == [[1.0, 1.0, 0.0, 1.0]]
     # logit 0 -> sigmoid 0.5, which is not > 0.5; integer preds are probabilities
-    both("binary_stats", (torch.zeros(2, 1), torch.tensor([[0], [1]]), None, 0.5, None, reference.INPUT_LOGITS), [f64(1, 4), f64(1)])
-    both("binary_stats", (torch.tensor([[0], [1], [2]]), torch.tensor([[0], [1], [1]]), None, 0.5, None, reference.INPUT_AUTO), [f64(1, 4), f64(1)])
+    both("binary_stats", (torch.zeros(2, 1), torch.tensor([[0], [1]]), None, 0.5, None, reference.INPUT_LOGITS), [f64(1, 4), f64(2)])
+    both("binary_stats", (torch.tensor([[0], [1], [2]]), torch.tensor([[0], [1], [1]]), None, 0.5, None, reference.INPUT_AUTO), [f64(1, 4), f64(2)])
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -171,7 +171,7 @@ def test_score_histogram_binary_vs_reference(dtype, n, L):
         p, t, mask = _binary_inputs(n, L, dtype, scale)
         for kind in (reference.INPUT_PROBS, reference.INPUT_LOGITS, reference.INPUT_AUTO):
             for ignore, m in ((None, None), (-1, mask)):
-                both("score_histogram", (p, t, m, ignore, kind, False), [f64(2, L, 10), f64(1)])
+                both("score_histogram", (p, t, m, ignore, kind, False), [f64(2, L, 10), f64(2)])
 
 
 @pytest.mark.parametrize(("n", "C", "dtype"), [(0, 3, torch.float32), (1, 1, torch.float32), (5, 123, torch.float16),
@@ -187,14 +187,14 @@ def test_score_histogram_multiclass_vs_reference(n, C, dtype):
         mask = torch.rand(n) > 0.2
         for kind in (reference.INPUT_PROBS, reference.INPUT_LOGITS, reference.INPUT_AUTO):
             for ignore, m in ((None, None), (-1, mask)):
-                both("score_histogram", (p, t, m, ignore, kind, True), [f64(2, C, 7), f64(1)])
+                both("score_histogram", (p, t, m, ignore, kind, True), [f64(2, C, 7), f64(2)])
 
 
 def test_score_histogram_bin_edges():
     # bin = clamp(floor(p * B), 0, B - 1): 1.0 -> last bin; 0.5 -> bin 5 of 10; out of [0,1] clamps (PROBS)
     p = torch.tensor([[0.0], [0.5], [1.0], [0.0999999], [1.7], [-3.0], [1e300]], dtype=torch.float64)
     t = torch.ones(7, 1, dtype=torch.int64)
-    got = both("score_histogram", (p, t, None, None, reference.INPUT_PROBS, False), [f64(2, 1, 10), f64(1)])
+    got = both("score_histogram", (p, t, None, None, reference.INPUT_PROBS, False), [f64(2, 1, 10), f64(2)])
     assert got[0][0, 0].tolist() == [3.0, 0, 0, 0, 0, 1.0, 0, 0, 0, 3.0]
 
 
@@ -208,7 +208,7 @@ def nll_atol(scores: torch.Tensor) -> float | None:
 
 
 def _class_states(K, C, confmat=True):
-    return [f64(K, 3, C), f64(C, C) if confmat else None, f64(2), f64(1)]
+    return [f64(K, 3, C), f64(C, C) if confmat else None, f64(2), f64(2)]
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
@@ -261,6 +261,87 @@ def test_class_stats_noncontiguous_scores():
     both("class_stats", (s, t, None, 12, None, [1, 4], True), _class_states(2, 12), sums=(2,), atol=nll_atol(s))
 
 
+# ---- bad counts by cause (class_stats, binary_stats, score_histogram) ----------------------
+
+
+def _bad_rows(C: int, rows: list, reps: int):
+    """Scores [n, C], targets [n] and mask [n] from (target, scores or None for a
+    valid row, kept by mask) triples, repeated `reps` times so that the counts
+    span several programs."""
+    g = torch.Generator().manual_seed(3)
+    s, t, m = [], [], []
+    for _ in range(reps):
+        for tgt, row, kept in rows:
+            s.append(torch.rand(C, generator=g) if row is None else torch.tensor(row, dtype=torch.float32))
+            t.append(tgt)
+            m.append(kept)
+    return torch.stack(s), torch.tensor(t), torch.tensor(m)
+
+
+def test_bad_split_by_cause():
+    """bad[0] counts kept entries with a bad target (whatever their preds hold), bad[1]
+    kept entries with a good target and a bad pred; ignored / masked entries count nowhere."""
+    reps = 300
+    C = 4
+    finite = [0.1, 0.2, 0.3, 0.4]
+    rows = [
+        (C, [NAN, 0.1, 0.2, 0.3], True),  # bad target and NaN score: target
+        (-1, [0.1, INF, 0.2, 0.3], True),  # bad target and +Inf: target
+        (C + 3, finite, True),  # bad target only
+        (1, [0.1, NAN, 0.2, 0.3], True),  # NaN only: pred
+        (2, [0.1, 0.2, INF, 0.3], True),  # +Inf only: pred
+        (0, [-INF] * C, True),  # all -Inf only: pred (class_stats); -Inf: pred (score_histogram)
+        (3, [-INF, 0.5, -INF, 0.2], True),  # -Inf as a masked logit: valid for class_stats
+        (-100, [NAN, NAN, NAN, NAN], True),  # ignored
+        (C, [NAN, 0.1, 0.2, 0.3], False),  # masked: bad target and NaN
+        (2, [0.1, 0.2, INF, 0.3], False),  # masked: +Inf
+        (1, None, True),
+        (0, None, True),
+    ]
+    s, t, m = _bad_rows(C, rows, reps)
+
+    # class_stats, scores: row 6 is valid (-Inf is a masked logit)
+    got = both("class_stats", (s, t, m, C, -100, [1, 2], True), _class_states(2, C), sums=(2,), atol=nll_atol(s))
+    assert got[3].tolist() == [3.0 * reps, 3.0 * reps]
+    got = both("class_stats", (s, t, m, C, -100, [1], False), _class_states(1, C, confmat=False))
+    assert got[3].tolist() == [3.0 * reps, 3.0 * reps]
+    # nothing dropped: rows 7 (target -100) and 8 count as bad targets, row 9 as a bad pred
+    got = both("class_stats", (s, t, None, C, None, [1], False), _class_states(1, C))
+    assert got[3].tolist() == [5.0 * reps, 4.0 * reps]
+
+    # class_stats, index preds: an out-of-range index pred is a label mistake (bad[0])
+    p = torch.tensor([C, -1, 0, 2, 1, 0, 3, 9, C, 2, 1, 0]).repeat(reps)
+    p[2::12] = 1  # bad target, good pred
+    p[3::12] = -1  # good target, bad pred
+    got = both("class_stats", (p, t, m, C, -100, [1], False), _class_states(1, C))
+    assert got[3].tolist() == [4.0 * reps, 0.0]
+
+    # score_histogram, multiclass: -Inf is not finite, so row 6 is bad (pred) there
+    for kind in (reference.INPUT_PROBS, reference.INPUT_LOGITS, reference.INPUT_AUTO):
+        got = both("score_histogram", (s, t, m, -100, kind, True), [f64(2, C, 5), f64(2)])
+        assert got[1].tolist() == [3.0 * reps, 4.0 * reps]
+
+    # binary_stats / score_histogram, binary: entries of an [n, 3] batch
+    L = 3
+    pb = s[:, :L].clone()
+    tb = torch.randint(0, 2, (s.shape[0], L), generator=torch.Generator().manual_seed(4))
+    mb = m[:, None].expand(-1, L).clone()
+    tb[0::12, 0] = 2  # with a NaN pred: target
+    tb[1::12, 1] = -1  # with a +Inf pred: target
+    tb[2::12, :] = 5  # bad targets only (3 entries)
+    tb[7::12, :] = -100  # ignored (NaN preds)
+    tb[8::12, 0] = 7  # masked: bad target and NaN
+    mb[4::12, 1] = False  # masks a good row's entry
+    pb[4::12, 1] = NAN
+    # pred-caused: row 3 (NaN at 1), row 4 (+Inf at 2), row 5 (3 x -Inf), row 6 (-Inf at 0, 2)
+    want = [5.0 * reps, 7.0 * reps]
+    for kind in (reference.INPUT_PROBS, reference.INPUT_LOGITS, reference.INPUT_AUTO):
+        got = both("binary_stats", (pb, tb, mb, 0.5, -100, kind), [f64(L, 4), f64(2)])
+        assert got[1].tolist() == want
+        got = both("score_histogram", (pb, tb, mb, -100, kind, False), [f64(2, L, 6), f64(2)])
+        assert got[1].tolist() == want
+
+
 # ---- registration, fake tensors, torch.compile, routing -------------------------------------
 
 
@@ -289,9 +370,9 @@ def _opcheck_args(op):
     return {
         "weighted_moments": (x, x * 2, x.abs(), x > 0, False, f64(9), f64(1), f64(2, fill=NAN)),
         "running_extrema": (x, None, False, f64(2, fill=-INF), f64(1)),
-        "class_stats": (s, t, None, 6, None, [1, 2], True, f64(2, 3, 6), f64(6, 6), f64(2), f64(1)),
-        "binary_stats": (p2, t2, None, 0.5, None, reference.INPUT_AUTO, f64(3, 4), f64(1)),
-        "score_histogram": (p2, t2, None, None, reference.INPUT_AUTO, False, f64(2, 3, 8), f64(1)),
+        "class_stats": (s, t, None, 6, None, [1, 2], True, f64(2, 3, 6), f64(6, 6), f64(2), f64(2)),
+        "binary_stats": (p2, t2, None, 0.5, None, reference.INPUT_AUTO, f64(3, 4), f64(2)),
+        "score_histogram": (p2, t2, None, None, reference.INPUT_AUTO, False, f64(2, 3, 8), f64(2)),
     }[op]
 
 
@@ -308,12 +389,12 @@ def test_opcheck(op):
 
 def _all_ops(x, p2, t2, s, t, state):
     """One call of every op through dk.ops with backend="triton"."""
-    w, ex, cs, bs, h, b = state
-    dk.ops.weighted_moments(x, x * 2, state=w, bad=b, pivot=ex[:2], backend="triton")
-    dk.ops.running_extrema(x, state=ex[2:], bad=b, backend="triton")
-    dk.ops.class_stats(s, t, num_classes=s.shape[1], stats=cs[0], extras=cs[1], bad=b, top_ks=(1, 2), nll=True, backend="triton")
-    dk.ops.binary_stats(p2, t2, state=bs, bad=b, backend="triton")
-    dk.ops.score_histogram(p2, t2, hist=h, bad=b, backend="triton")
+    w, ex, cs, bs, h, b1, b2 = state
+    dk.ops.weighted_moments(x, x * 2, state=w, bad=b1, pivot=ex[:2], backend="triton")
+    dk.ops.running_extrema(x, state=ex[2:], bad=b1, backend="triton")
+    dk.ops.class_stats(s, t, num_classes=s.shape[1], stats=cs[0], extras=cs[1], bad=b2, top_ks=(1, 2), nll=True, backend="triton")
+    dk.ops.binary_stats(p2, t2, state=bs, bad=b2, backend="triton")
+    dk.ops.score_histogram(p2, t2, hist=h, bad=b2, backend="triton")
 
 
 def _all_ops_args():
@@ -322,7 +403,8 @@ def _all_ops_args():
     p2, t2 = torch.rand(40, 3, generator=g), torch.randint(0, 2, (40, 3), generator=g)
     s, t = torch.randn(20, 6, generator=g), torch.randint(0, 6, (20,), generator=g)
     ex = torch.cat([f64(2, fill=NAN), f64(2, fill=-INF)])
-    state = (f64(9), ex, (f64(2, 3, 6), f64(2)), f64(3, 4), f64(2, 3, 8), f64(1))
+    # bad: [1] for the one-cause ops, [2] (target, pred) for the others
+    state = (f64(9), ex, (f64(2, 3, 6), f64(2)), f64(3, 4), f64(2, 3, 8), f64(1), f64(2))
     return (x, p2, t2, s, t, state)
 
 
@@ -374,13 +456,13 @@ def test_env_backend_routes_cpu_tensors_to_triton(monkeypatch):
 
         monkeypatch.setattr(reference, op, boom)
     args = _all_ops_args()
-    w, ex, cs, bs, h, b = args[5]
+    w, ex, cs, bs, h, b1, b2 = args[5]
     x, p2, t2, s, t = args[:5]
-    dk.ops.weighted_moments(x, state=w, bad=b)
-    dk.ops.running_extrema(x, state=ex[2:], bad=b)
-    dk.ops.class_stats(s, t, num_classes=6, stats=cs[0], extras=cs[1], bad=b, top_ks=(1, 2))
-    dk.ops.binary_stats(p2, t2, state=bs, bad=b)
-    dk.ops.score_histogram(p2, t2, hist=h, bad=b)
+    dk.ops.weighted_moments(x, state=w, bad=b1)
+    dk.ops.running_extrema(x, state=ex[2:], bad=b1)
+    dk.ops.class_stats(s, t, num_classes=6, stats=cs[0], extras=cs[1], bad=b2, top_ks=(1, 2))
+    dk.ops.binary_stats(p2, t2, state=bs, bad=b2)
+    dk.ops.score_histogram(p2, t2, hist=h, bad=b2)
     assert sorted(calls) == sorted(OPS)
     monkeypatch.undo()
     # and the results are the reference's

@@ -105,7 +105,7 @@ def _class_fields(m, layout):
     idx = list(range(o + row * 3 * C, o + (row + 1) * 3 * C))  # tp, predicted, target [3, C]
     idx.append(_at(layout, j, "extras")[1])  # valid rows
     if m.nan_strategy == "propagate":
-        idx.append(_at(layout, j, "nonfinite")[1])
+        idx.append(_at(layout, j, "bad")[1] + 1)  # NaN/Inf predictions (labelled.BAD)
     return {SUM: idx}
 
 
@@ -165,7 +165,7 @@ def _native_row(m, layout) -> tuple[list[int], float, int] | None:
     if code is None:
         return None
     j = m._stat_map["stats"]
-    nf = _at(layout, j, "nonfinite")[1] if m.nan_strategy == "propagate" else -1
+    nf = _at(layout, j, "bad")[1] + 1 if m.nan_strategy == "propagate" else -1  # NaN/Inf predictions
     beta2 = float(m.beta) ** 2 if code == GV.FBETA else 0.0
     if m.task == "multiclass":
         merged = layout.stats[j]
@@ -181,13 +181,16 @@ def _native_row(m, layout) -> tuple[list[int], float, int] | None:
     return prog, beta2, C if avg == GV.AVERAGES["none"] else 1
 
 
-def _bad_fields(m, layout):
-    """Flat SUM indices (bad, and non-finite to subtract) of a family member that raises on bad input."""
+def _bad_fields(m, layout) -> tuple[list[int], list[float]]:
+    """Flat SUM indices of the ``bad`` slot of a family member that raises on
+    bad input (two counts by cause for classification, labelled.BAD; one
+    otherwise), and each one's weight in the count that raises
+    (``core.metric.raising_count``)."""
     j = m._stat_map["stats" if isinstance(m, _Classification) else "m" if "m" in m._stat_map else "e"]
-    bad = _at(layout, j, "bad")[1]
-    if isinstance(m, _Classification) and m.nan_strategy != "error":
-        return bad, _at(layout, j, "nonfinite")[1]
-    return bad, None
+    b = _at(layout, j, "bad")[1]
+    if isinstance(m, _Classification):
+        return [b, b + 1], [1.0, 1.0 if m.nan_strategy == "error" else 0.0]
+    return [b], [1.0]
 
 
 class FusedPlan:
@@ -228,25 +231,25 @@ class FusedPlan:
             for kind, idx in fields(m, layout).items():
                 e["idx"].setdefault(kind, []).append(idx)
         self.families = list(fams.values())
-        self.checked_fused, self.checked_single, bad, nf = [], [], [], []
+        self.checked_fused, self.checked_single = [], []
+        self.bad_idx: list[int] = []  # every checked family member's bad slot, one after another
+        self.bad_weights: list[list[float]] = []  # per member: its counts' weights in the count that raises
         for name, m in members.items():
             if not m._raise_on_bad():
                 continue
             if _family(m) is not None:  # bad counts gathered as for the families (native or not)
-                b, f = _bad_fields(m, layout)
+                idx, w = _bad_fields(m, layout)
                 self.checked_fused.append(m)
-                bad.append(b)
-                nf.append(f)
+                self.bad_idx += idx
+                self.bad_weights.append(w)
             else:
                 self.checked_single.append(m)
-        self.bad_idx = bad
-        self.nf_idx = nf if any(f is not None for f in nf) else None
         self._device_idx: dict = {}
 
     def indices(self, device):
         """Per kind, one flat index tensor on ``device`` covering every family
         (each family's block: ``(kind, start, K, n)``), and the bad-count
-        indices (bad slots, then the non-finite slots to subtract); made once per device."""
+        indices (``bad_idx``); made once per device."""
         out = self._device_idx.get(device)
         if out is None:
             flat: dict = {}
@@ -259,10 +262,7 @@ class FusedPlan:
                     lst.extend(i for row in rows for i in row)
                 blocks.append(b)
             mk = lambda v: torch.tensor(v, dtype=torch.int64, device=device)  # noqa: E731
-            bad = None
-            if self.bad_idx:
-                nf = [f for f in (self.nf_idx or []) if f is not None]
-                bad = mk(self.bad_idx + nf)
+            bad = mk(self.bad_idx) if self.bad_idx else None
             out = self._device_idx[device] = ({k: mk(v) for k, v in flat.items()}, blocks, bad)
         return out
 
@@ -323,17 +323,19 @@ def _values(plan: FusedPlan, bufs) -> dict:
 
 
 def _fused_bad(plan: FusedPlan, bufs) -> torch.Tensor | None:
-    """Family members' bad slots then their non-finite slots (``FusedPlan.indices``), one gather."""
+    """Family members' bad slots (``FusedPlan.bad_idx``), one gather."""
     if not plan.checked_fused:
         return None
     return bufs[SUM].index_select(0, plan.indices(bufs[SUM].device)[2])
 
 
 def _fused_counts(plan: FusedPlan, raw: list) -> list:
-    """Per ``plan.checked_fused`` member: its bad count minus its non-finite count (host floats)."""
-    K = len(plan.checked_fused)
-    nf = iter(raw[K:])
-    return [b - next(nf) if f is not None else b for b, f in zip(raw[:K], plan.nf_idx or [None] * K)]
+    """Per ``plan.checked_fused`` member: the count that raises (host floats)."""
+    out, pos = [], 0
+    for w in plan.bad_weights:
+        out.append(sum(wi * v for wi, v in zip(w, raw[pos : pos + len(w)]) if wi))
+        pos += len(w)
+    return out
 
 
 def _single_bad(plan: FusedPlan) -> list:
@@ -366,36 +368,26 @@ def fused_values(group) -> dict[str, torch.Tensor]:
 
 def _cause_names(m) -> list[str]:
     """The bad-input causes ``Metric._bad_causes`` reports for a family member."""
-    if not isinstance(m, _Classification):
-        return ["nonfinite_inputs"]
-    if m.nan_strategy != "error":
-        return ["target_out_of_range", "nonfinite_preds"]
-    return ["target_out_of_range_or_nonfinite_preds"]
+    return list(core_metric.BAD_CAUSES) if isinstance(m, _Classification) else [m._bad_cause]
 
 
 def _check_matrix(plan: FusedPlan, device) -> torch.Tensor:
-    """``[R, len(raw)]`` float64: per checked family member, its count then its
-    cause values (``_cause_names``) as +-1 combinations of the gathered
-    bad / non-finite slots (exact: small integer sums in float64)."""
+    """``[R, len(bad_idx)]`` float64: per checked family member, a row of its
+    count that raises, then one row per cause (``_cause_names``): weighted
+    sums of the gathered bad counts (exact: small integer sums in float64)."""
     key = ("checks", device)
     M = plan._device_idx.get(key)
     if M is None:
-        K = len(plan.checked_fused)
-        nf_at, rows = {}, []
-        for i, f in enumerate(plan.nf_idx or [None] * K):
-            if f is not None:
-                nf_at[i] = K + len(nf_at)
-        width = K + len(nf_at)
-        for i, m in enumerate(plan.checked_fused):
-            bad = [0.0] * width
-            bad[i] = 1.0
-            if i in nf_at:
-                nf = [0.0] * width
-                nf[nf_at[i]] = 1.0
-                count = [b - n for b, n in zip(bad, nf)]
-                rows += [count, count, nf]  # count, target_out_of_range, nonfinite_preds
-            else:
-                rows += [bad, bad]  # count, its one cause
+        width, rows, pos = len(plan.bad_idx), [], 0
+        for w in plan.bad_weights:
+            count = [0.0] * width
+            count[pos : pos + len(w)] = w
+            rows.append(count)
+            for i in range(len(w)):
+                cause = [0.0] * width
+                cause[pos + i] = 1.0
+                rows.append(cause)
+            pos += len(w)
         M = plan._device_idx[key] = torch.tensor(rows, dtype=torch.float64, device=device)
     return M
 
