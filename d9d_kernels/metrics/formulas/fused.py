@@ -329,15 +329,6 @@ def _fused_bad(plan: FusedPlan, bufs) -> torch.Tensor | None:
     return bufs[SUM].index_select(0, plan.indices(bufs[SUM].device)[2])
 
 
-def _fused_counts(plan: FusedPlan, raw: list) -> list:
-    """Per ``plan.checked_fused`` member: the count that raises (host floats)."""
-    out, pos = [], 0
-    for w in plan.bad_weights:
-        out.append(sum(wi * v for wi, v in zip(w, raw[pos : pos + len(w)]) if wi))
-        pos += len(w)
-    return out
-
-
 def _single_bad(plan: FusedPlan) -> list:
     return [(m, c) for m, c in ((m, m._bad_count(m._states())) for m in plan.checked_single) if c is not None]
 
@@ -349,10 +340,10 @@ def fused_values(group) -> dict[str, torch.Tensor]:
     bufs = group._storage.current_buffers()
     bad, single = _fused_bad(plan, bufs), _single_bad(plan)
     if bad is not None or single:
+        if bad is not None:  # per member, the count that raises
+            bad = _bad_matrix(plan, bad.device, causes=False) @ bad
         parts = ([bad] if bad is not None else []) + [c.reshape(1) for _, c in single]
-        raw = (torch.cat(parts) if len(parts) > 1 else parts[0]).tolist()
-        nb = 0 if bad is None else bad.numel()
-        counts = (_fused_counts(plan, raw[:nb]) if bad is not None else []) + raw[nb:]
+        counts = (torch.cat(parts) if len(parts) > 1 else parts[0]).tolist()
         if any(v != 0 for v in counts):  # NaN counts (impossible) also raise
             ms = plan.checked_fused + [m for m, _ in single]
             order = {id(m): i for i, m in enumerate(group._members.values())}
@@ -371,11 +362,12 @@ def _cause_names(m) -> list[str]:
     return list(core_metric.BAD_CAUSES) if isinstance(m, _Classification) else [m._bad_cause]
 
 
-def _check_matrix(plan: FusedPlan, device) -> torch.Tensor:
+def _bad_matrix(plan: FusedPlan, device, causes: bool) -> torch.Tensor:
     """``[R, len(bad_idx)]`` float64: per checked family member, a row of its
-    count that raises, then one row per cause (``_cause_names``): weighted
-    sums of the gathered bad counts (exact: small integer sums in float64)."""
-    key = ("checks", device)
+    count that raises, then (``causes``) one row per cause (``_cause_names``):
+    weighted sums of the gathered bad counts (exact: small integer sums in
+    float64); made once per device."""
+    key = ("bad_matrix", causes, device)
     M = plan._device_idx.get(key)
     if M is None:
         width, rows, pos = len(plan.bad_idx), [], 0
@@ -383,7 +375,7 @@ def _check_matrix(plan: FusedPlan, device) -> torch.Tensor:
             count = [0.0] * width
             count[pos : pos + len(w)] = w
             rows.append(count)
-            for i in range(len(w)):
+            for i in range(len(w) if causes else 0):
                 cause = [0.0] * width
                 cause[pos + i] = 1.0
                 rows.append(cause)
@@ -429,7 +421,7 @@ def fused_compute_to_host(group, keys: dict):
     checks, tail = [], 0
     bad = _fused_bad(plan, bufs)
     if bad is not None:
-        c = _check_matrix(plan, dev) @ bad
+        c = _bad_matrix(plan, dev, causes=True) @ bad
         parts.append(c)
         tail += c.numel()
         checks += [(m, _cause_names(m)) for m in plan.checked_fused]
