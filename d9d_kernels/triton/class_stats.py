@@ -90,7 +90,7 @@ def _merge_topk(bv, bi, x, cols, KMAX: tl.constexpr, KP: tl.constexpr, BIG: tl.c
 
 
 @triton.jit
-def _scores_kernel(s_ptr, t_ptr, m_ptr, stats_ptr, confmat_ptr, extras_ptr, bad_ptr, n, C, ignore,
+def _scores_kernel(s_ptr, t_ptr, m_ptr, stats_ptr, confmat_ptr, extras_ptr, bad_ptr, n, C, RS, CS, ignore,
                    HAS_M: tl.constexpr, HAS_IGNORE: tl.constexpr, HAS_CONFMAT: tl.constexpr, NLL: tl.constexpr,
                    KS: tl.constexpr, K: tl.constexpr, KMAX: tl.constexpr, KP: tl.constexpr, CT: tl.constexpr,
                    BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr):
@@ -116,7 +116,7 @@ def _scores_kernel(s_ptr, t_ptr, m_ptr, stats_ptr, confmat_ptr, extras_ptr, bad_
             cols = (c0 + tl.arange(0, BLOCK_C)).to(tl.int64)[None, :]
             ld = inb[:, None] & (cols < C)
             # compares in CT (float32 for <= 32-bit scores: exact, same order)
-            x = tl.load(s_ptr + rows[:, None] * C + cols, mask=ld, other=0).to(CT)
+            x = tl.load(s_ptr + rows[:, None] * RS + cols * CS, mask=ld, other=0).to(CT)
             n_bad += tl.sum((ld & ~(x < float("inf"))).to(tl.int32), 1)  # NaN, +Inf
             # padding (and a bad row's NaN/+Inf) as -Inf; a real -Inf keeps its lower index
             x = tl.where(ld & finite(x), x, -float("inf"))
@@ -135,7 +135,7 @@ def _scores_kernel(s_ptr, t_ptr, m_ptr, stats_ptr, confmat_ptr, extras_ptr, bad_
         n_bad_p += (keep & t_in & ~ok).to(tl.int32)
         n_ok += ok.to(tl.int32)
         if NLL:
-            s_t = tl.load(s_ptr + rows * C + t, mask=ok, other=0).to(tl.float64)
+            s_t = tl.load(s_ptr + rows * RS + t * CS, mask=ok, other=0).to(tl.float64)
             lse = mx.to(tl.float64) + tl.log(tl.where(ok, se, 1.0))
             nll_sum += tl.where(ok, lse - s_t, 0.0)
         bi = tl.where(ok[:, None] & (kcol < KMAX), bi, 0)
@@ -204,13 +204,17 @@ def _class_stats_op(
             preds, target, m, stats, cm, extras, bad, n, C, ignore, BLOCK=BLOCK, **common
         )
         return
-    preds = preds.reshape(n, C).contiguous()
+    # scores read in place with their strides: class-strided rows (a channel-first
+    # [N, C, H, W] sample seen as [H*W, C]) need no contiguous copy; CS == 1
+    # (contiguous rows) is specialised by Triton, so those loads stay vectorised
+    preds = preds.reshape(n, C)
+    rs, cs = preds.stride()
     kmax = max(top_ks, default=1)  # no top_ks (nll only): the argmax still finds bad rows
     block_n, block_c = scores_tiles(C)
     ct = tl.float64 if preds.dtype == torch.float64 else tl.float32
     grid = (min(triton.cdiv(n, block_n), MAX_PROGRAMS * 16),)
     launch(_scores)[grid](
-        preds, target, m, stats, cm, extras, bad, n, C, ignore,
+        preds, target, m, stats, cm, extras, bad, n, C, rs, cs, ignore,
         NLL=bool(nll), KS=tuple(top_ks), K=len(top_ks), KMAX=kmax, KP=pow2(kmax), CT=ct,
         BLOCK_N=block_n, BLOCK_C=block_c, **common,
     )

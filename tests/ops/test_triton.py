@@ -261,6 +261,30 @@ def test_class_stats_noncontiguous_scores():
     both("class_stats", (s, t, None, 12, None, [1, 4], True), _class_states(2, 12), sums=(2,), atol=nll_atol(s))
 
 
+@pytest.mark.parametrize("ks,nll", [((1,), False), ((1, 3), True)])
+def test_class_stats_class_strided_scores_read_in_place(ks, nll, monkeypatch):
+    """A channel-first sample [C, H, W] seen as [H*W, C] (strides (1, H*W)),
+    the way the metrics pass segmentation batches: equal to the reference,
+    with NaN / all -Inf rows, and without a contiguous copy of the scores."""
+    C, H, W = 7, 6, 9
+    x = torch.randn(C, H, W)
+    x[2, 1, 3] = float("nan")
+    x[:, 4, 4] = float("-inf")
+    s = x.reshape(C, H * W).t()  # [H*W, C], class stride H*W
+    assert s.stride() == (1, H * W)
+    t = torch.randint(-1, C, (H * W,))
+    both("class_stats", (s, t, None, C, -1, list(ks), nll), _class_states(len(ks), C), sums=(2,), atol=nll_atol(s))
+    # the launcher makes no contiguous copy of the scores (the interpreter's own
+    # host copies of every argument hide that from a profiler)
+    made = []
+    contiguous = torch.Tensor.contiguous
+    monkeypatch.setattr(torch.Tensor, "contiguous", lambda self, *a, **k: (
+        made.append(self.shape) if self.data_ptr() == s.data_ptr() and not self.is_contiguous() else None,
+        contiguous(self, *a, **k))[1])
+    tr("class_stats")(s, t, None, C, -1, list(ks), nll, *_class_states(len(ks), C))
+    assert not made, made
+
+
 # ---- bad counts by cause (class_stats, binary_stats, score_histogram) ----------------------
 
 
