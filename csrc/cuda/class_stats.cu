@@ -3,7 +3,9 @@
 //    histogram (stats [3, C] + confmat [C, C]) when it fits, else global atomics.
 //  * score rows of float / half / bfloat16 with max(top_ks) <= 32: one pass
 //    (scores_warp_kernel / scores_block_kernel below: 16-byte loads,
-//    per-thread register top-k, exp2f log-sum-exp folded into float64).
+//    per-thread register top-k, exp2f log-sum-exp folded into float64;
+//    scores_thread_kernel, a thread per row, for rows of <= 32 classes and
+//    class-strided rows, read in place).
 //  * float64 scores and larger k: one warp per row. Pass 0 over the row
 //    checks validity, folds the online log-sum-exp and selects the best
 //    class; top-k takes k - 1 more selection passes ("best class ranked
@@ -455,12 +457,78 @@ __global__ void __launch_bounds__(kThreads) scores_block_kernel(Rows r, const T*
   }
 }
 
+// One thread per row: rows of up to kThreadRowC classes (a warp per row
+// would leave most lanes idle; the 32 threads of a warp read 32 adjacent
+// short rows, one contiguous run) and class-strided rows of any length (a
+// channel-first [N, C, H, W] sample seen as [H*W, C], strides (1, H*W):
+// the threads of a warp read adjacent pixels of one class per step, so every
+// load coalesces and nothing is copied). The row's best KB classes stay in
+// registers (static indices only), as in the one-pass kernels above.
+constexpr int64_t kThreadRowC = 32;
+
+template <class T, int KB>
+__global__ void __launch_bounds__(kThreads) scores_thread_kernel(Rows r, const T* preds, int64_t rs, int64_t cs,
+                                                                 TopKs top_ks, int K, int kmax, bool nll, Out o) {
+  const int64_t C = r.C;
+  RowCounts rc;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < r.n; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t t = r.target[i * r.st];
+    if (!r.keep(i, t)) continue;
+    if (!class_in_range(t, C)) {
+      rc.bad_target += 1;
+      continue;
+    }
+    const T* row = preds + i * rs;
+    TopK<KB> tk;
+    tk.init();
+    LseF l;
+    bool finite = true;
+    for (int64_t c = 0; c < C; ++c) {
+      const float x = static_cast<float>(row[c * cs]);
+      finite &= x < INFINITY;
+      tk.offer(x, static_cast<int32_t>(c));
+      if (nll) l.add_block(&x, 1);
+    }
+    if (!finite || tk.v[0] == -INFINITY) {  // NaN / +Inf, or only -Inf
+      rc.bad_scores += 1;
+      continue;
+    }
+    int rank_t = kmax;
+#pragma unroll
+    for (int rk = 0; rk < KB; ++rk) rank_t = rk < kmax && tk.j[rk] == t ? rk : rank_t;
+    for (int ki = 0; ki < K; ++ki) {
+      const int k = static_cast<int>(top_ks.k[ki]);
+#pragma unroll
+      for (int rk = 0; rk < KB; ++rk) {
+        if (rk < k) atomicAdd(o.stats + stats_pred(ki, tk.j[rk], C), 1.0);
+      }
+      if (rank_t < k) atomicAdd(o.stats + stats_tp(ki, t, C), 1.0);
+      atomicAdd(o.stats + stats_target(ki, t, C), 1.0);
+    }
+    if (o.confmat) atomicAdd(o.confmat + t * C + tk.j[0], 1.0);
+    rc.rows += 1;
+    if (nll) rc.nll += l.value() - static_cast<double>(static_cast<float>(row[t * cs]));
+  }
+  add_block_count(rc.rows, o.extras);
+  add_block_count(rc.bad_target, o.bad);
+  add_block_count(rc.bad_scores, o.bad + 1);
+  if (nll) {
+    __shared__ double scratch[kThreads / kWarp];
+    const double total = block_sum(rc.nll, scratch);
+    if (threadIdx.x == 0 && total != 0.0) atomicAdd(o.extras + 1, total);
+  }
+}
+
 // KB = the smallest buffer >= kmax of {1, 8, 32}.
 template <class T, int KB>
 void launch_single_pass(const Rows& r, const at::Tensor& preds, const TopKs& ks, int K, int kmax, bool nll,
                         const Out& o, cudaStream_t stream) {
   const T* p = preds.data_ptr<T>();
-  if (r.C > kBlockRowC) {
+  if (preds.stride(1) != 1 || r.C <= kThreadRowC) {
+    auto kernel = scores_thread_kernel<T, KB>;
+    kernel<<<one_wave(kernel, r.n), kThreads, 0, stream>>>(r, p, preds.stride(0), preds.stride(1), ks, K, kmax, nll,
+                                                           o);
+  } else if (r.C > kBlockRowC) {
     auto kernel = scores_block_kernel<T, KB>;
     kernel<<<one_wave(kernel, r.n * kThreads), kThreads, 0, stream>>>(r, p, preds.stride(0), ks, K, kmax, nll, o);
   } else {
@@ -503,20 +571,20 @@ void class_stats_cuda(const at::Tensor& preds_in, const at::Tensor& target, cons
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     return;
   }
-  // A warp per row reads 32 consecutive scores per step.
-  const at::Tensor preds = preds_in.stride(1) == 1 ? preds_in : preds_in.contiguous();
   const int K = static_cast<int>(top_ks.size());
   TORCH_CHECK(K <= kWarp, "d9d_kernels.class_stats: argument 'top_ks' holds at most ", kWarp,
               " values on CUDA, got ", K);
   const int kmax = top_ks.empty() ? 1 : static_cast<int>(*std::max_element(top_ks.begin(), top_ks.end()));
   TopKs ks{};
   for (int i = 0; i < K; ++i) ks.k[i] = top_ks[i];
-  if (preds.scalar_type() != at::kDouble && kmax <= kWarp) {
-    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, preds.scalar_type(), "class_stats_cuda", [&] {
-      if constexpr (!std::is_same_v<scalar_t, double>) single_pass<scalar_t>(r, preds, ks, K, kmax, nll, o, stream);
+  if (preds_in.scalar_type() != at::kDouble && kmax <= kWarp) {  // class-strided rows read in place
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, preds_in.scalar_type(), "class_stats_cuda", [&] {
+      if constexpr (!std::is_same_v<scalar_t, double>) single_pass<scalar_t>(r, preds_in, ks, K, kmax, nll, o, stream);
     });
     return;
   }
+  // A warp per row reads 32 consecutive scores per step.
+  const at::Tensor preds = preds_in.stride(1) == 1 ? preds_in : preds_in.contiguous();
   // float64 scores (compared in double) and max(top_ks) > 32: the selection passes
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, preds.scalar_type(), "class_stats_cuda", [&] {
     scores_kernel<scalar_t><<<blocks_for(n * kWarp), kThreads, 0, stream>>>(

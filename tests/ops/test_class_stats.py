@@ -251,7 +251,7 @@ def test_cuda_matches_reference(dtype, n, C, top_ks):
     for p, ks, nll in ((preds, top_ks, True), (masked, top_ks, True), (torch.randint(-1, C + 1, (n,)), (1,), False)):
         want = [f64(len(ks), 3, C), f64(C, C), f64(2), f64(2)]
         reference.class_stats(p, target, mask, C, -1, list(ks), nll, *want)
-        got = [t.cuda() for t in (f64(len(ks), 3, C), f64(C, C), f64(2), f64(1))]
+        got = [t.cuda() for t in (f64(len(ks), 3, C), f64(C, C), f64(2), f64(2))]
         dk.ops.class_stats(p.cuda(), target.cuda(), mask.cuda(), num_classes=C, stats=got[0], confmat=got[1],
                            extras=got[2], bad=got[3], ignore_index=-1, top_ks=ks, nll=nll, backend="cuda")
         got = [t.cpu() for t in got]
@@ -487,6 +487,40 @@ def test_class_strided_scores_read_in_place(backend, dtype, C):
     sample = batch[1].movedim(0, -1).reshape(-1, C)
     assert sample.data_ptr() == batch[1].data_ptr() and sample.stride(1) == 9 * 13
     run_and_compare(backend, sample, torch.randint(0, C, (9 * 13,), generator=g), C=C)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize(("C", "top_ks"), [(5, (1, 3)), (21, (1,)), (33, (1, 5, 33)), (150, (1, 5))])
+def test_cuda_thread_rows_and_class_strided_in_place(dtype, C, top_ks):
+    """scores_thread_kernel (a thread per row: <= 32 classes, and class-strided
+    rows of any length) against the reference, adversarial rows included; the
+    class-strided sample of a channel-first batch allocates nothing."""
+    g = torch.Generator().manual_seed(C)
+    n = 3000 + C
+    x = _adversarial_rows(n, C, dtype, g)
+    target = torch.randint(-1, C + 1, (n,), generator=g)
+    mask = torch.rand(n, generator=g) > 0.1
+    for p in (x, _class_strided(x)):
+        want = [f64(len(top_ks), 3, C), f64(C, C), f64(2), f64(2)]
+        reference.class_stats(p, target, mask, C, 0, list(top_ks), True, *want)
+        got = [t.cuda() for t in (f64(len(top_ks), 3, C), f64(C, C), f64(2), f64(2))]
+        dk.ops.class_stats(p.cuda(), target.cuda(), mask.cuda(), num_classes=C, stats=got[0], confmat=got[1],
+                           extras=got[2], bad=got[3], ignore_index=0, top_ks=top_ks, nll=True, backend="cuda")
+        got = [t.cpu() for t in got]
+        for a, b, what in zip(got[:2] + [got[2][:1], got[3]], want[:2] + [want[2][:1], want[3]], ["stats", "confmat", "rows", "bad"]):
+            assert_counts_equal(a, b, what)
+        assert_sums_close(got[2][1:], want[2][1:], "nll", rtol=1e-6)
+    batch = torch.randn(2, C, 64, 96, device="cuda").to(dtype)
+    sample = batch[1].movedim(0, -1).reshape(-1, C)
+    assert sample.data_ptr() == batch[1].data_ptr()
+    st, cm, ex, bad = (t.cuda() for t in (f64(1, 3, C), f64(C, C), f64(2), f64(2)))
+    t = torch.randint(0, C, (64 * 96,), device="cuda")
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.ops.d9d_kernels.class_stats.default(sample, t, None, C, None, [1], True, st, cm, ex, bad)
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_allocated() == before
 
 
 @needs_cpp

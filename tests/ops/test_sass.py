@@ -48,7 +48,9 @@ ONE_D = ("extrema_kernel", "moments_kernel")
 ENTRIES = ("binary_kernel", "entries_kernel")
 # class_stats score rows in one pass (float / half / bfloat16, max(top_ks) <= 32)
 ONE_PASS = ("scores_warp_kernel", "scores_block_kernel")
-OURS = ONE_D + ENTRIES + ONE_PASS + ("any_logit_kernel", "any_logit_rows_kernel", "rows_kernel", "set_pivot_kernel",
+# the same, a thread per row (<= 32 classes, class-strided rows): scalar loads by design
+THREAD_ROWS = ("scores_thread_kernel",)
+OURS = ONE_D + ENTRIES + ONE_PASS + THREAD_ROWS + ("any_logit_kernel", "any_logit_rows_kernel", "rows_kernel", "set_pivot_kernel",
                                      "scores_kernel")
 # log2(e) as a float64 (high word): every float64 exp loads it.
 F64_LOG2E = "0x3ff71547"
@@ -153,7 +155,7 @@ def test_class_stats_single_pass_has_no_float64_exp():
     float64 exp looks like in SASS, so this check can fail."""
     funcs = sass()
     assert any(F64_LOG2E in funcs[n] for n in family(funcs, "scores_kernel")), "float64 exp signature not found"
-    for fam in ONE_PASS:
+    for fam in ONE_PASS + THREAD_ROWS:
         names = family(funcs, fam)
         assert len(names) == 3 * 3, f"{fam}: expected float/half/bfloat16 x KB 1/8/32, got {len(names)}"
         for name in names:
