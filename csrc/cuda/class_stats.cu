@@ -307,10 +307,22 @@ __device__ inline LseF warp_lse(LseF a) {
   return a;
 }
 
-// Counts one valid row from the lanes < K of the warp that holds its picks.
+// A thread's row counts: valid rows, bad rows by cause, its NLL sum.
 struct RowCounts {
   uint32_t rows = 0, bad_target = 0, bad_scores = 0;
   double nll = 0.0;
+
+  // Adds the block's counts to the state, once per block (every thread calls it).
+  __device__ void flush(const Out& o, bool with_nll) {
+    add_block_count(rows, o.extras);
+    add_block_count(bad_target, o.bad);
+    add_block_count(bad_scores, o.bad + 1);
+    if (with_nll) {
+      __shared__ double scratch[kThreads / kWarp];
+      const double total = block_sum(nll, scratch);
+      if (threadIdx.x == 0 && total != 0.0) atomicAdd(o.extras + 1, total);
+    }
+  }
 };
 
 // One warp per row (C <= kBlockRowC).
@@ -359,14 +371,7 @@ __global__ void __launch_bounds__(kThreads) scores_warp_kernel(Rows r, const T* 
     }
     return true;
   });
-  add_block_count(rc.rows, o.extras);
-  add_block_count(rc.bad_target, o.bad);
-  add_block_count(rc.bad_scores, o.bad + 1);
-  if (nll) {
-    __shared__ double scratch[kThreads / kWarp];
-    const double total = block_sum(rc.nll, scratch);
-    if (threadIdx.x == 0 && total != 0.0) atomicAdd(o.extras + 1, total);
-  }
+  rc.flush(o, nll);
 }
 
 // One block per row (C > kBlockRowC): the warps' top-k lists meet in shared memory.
@@ -447,14 +452,7 @@ __global__ void __launch_bounds__(kThreads) scores_block_kernel(Rows r, const T*
     }
     __syncthreads();  // wv / wj / wm / ws are rewritten by the next row
   }
-  add_block_count(rc.rows, o.extras);
-  add_block_count(rc.bad_target, o.bad);
-  add_block_count(rc.bad_scores, o.bad + 1);
-  if (nll) {
-    __shared__ double scratch[kWarps];
-    const double total = block_sum(rc.nll, scratch);
-    if (threadIdx.x == 0 && total != 0.0) atomicAdd(o.extras + 1, total);
-  }
+  rc.flush(o, nll);
 }
 
 // One thread per row: rows of up to kThreadRowC classes (a warp per row
@@ -509,14 +507,7 @@ __global__ void __launch_bounds__(kThreads) scores_thread_kernel(Rows r, const T
     rc.rows += 1;
     if (nll) rc.nll += l.value() - static_cast<double>(static_cast<float>(row[t * cs]));
   }
-  add_block_count(rc.rows, o.extras);
-  add_block_count(rc.bad_target, o.bad);
-  add_block_count(rc.bad_scores, o.bad + 1);
-  if (nll) {
-    __shared__ double scratch[kThreads / kWarp];
-    const double total = block_sum(rc.nll, scratch);
-    if (threadIdx.x == 0 && total != 0.0) atomicAdd(o.extras + 1, total);
-  }
+  rc.flush(o, nll);
 }
 
 // KB = the smallest buffer >= kmax of {1, 8, 32}.
