@@ -76,12 +76,18 @@ def extensions():
 
     cuda_home = cuda_home if torch.version.cuda else None
     sources = ["csrc/registration.cpp"] + sorted(glob.glob("csrc/cpu/*.cpp"))
-    cxx = ["-O3", "-fvisibility=hidden"]
+    # -fopenmp: at::parallel_for is a header template that, in torch's OpenMP
+    # build, splits work with `#pragma omp parallel` compiled into OUR objects;
+    # without the flag every chunk of a CPU op ran on the calling thread. The
+    # link resolves to the libgomp.so.1 torch ships and has already loaded.
+    omp = [] if sys.platform == "darwin" else ["-fopenmp"]
+    cxx = ["-O3", "-fvisibility=hidden", *omp]
     build_cuda = want_cuda(torch.version.cuda, cuda_home)
     print(f"d9d_kernels: torch {torch.__version__} (cuda {torch.version.cuda}), toolkit {cuda_home}, "
           f"building CUDA kernels: {build_cuda}")
     if not build_cuda:
-        return [cpp_extension.CppExtension("d9d_kernels._C", sources, extra_compile_args={"cxx": cxx})], cpp_extension
+        return [cpp_extension.CppExtension("d9d_kernels._C", sources, extra_compile_args={"cxx": cxx},
+                                           extra_link_args=omp)], cpp_extension
     os.environ.setdefault("TORCH_CUDA_ARCH_LIST", DEFAULT_ARCHS)
     include_dirs = []
     for site in sys.path:  # cusparse/cublas headers of the pip CUDA wheels
@@ -95,6 +101,7 @@ def extensions():
         include_dirs=include_dirs,
         define_macros=[("D9D_WITH_CUDA", "1")],
         extra_compile_args={"cxx": cxx, "nvcc": ["-O3", "--expt-relaxed-constexpr", "-lineinfo"]},
+        extra_link_args=omp,
     )
     return [ext], cpp_extension
 

@@ -229,3 +229,19 @@ def test_raw_accessor_rejects_unknown_names():
         dk.ops.raw("class_statz")
     with pytest.raises(RuntimeError, match=r"backend 'cuda' can't run on cpu"):
         dk.ops.raw("class_stats", "cpu", "cuda")
+
+
+@pytest.mark.skipif("cpp" not in dk.ops.backends(), reason="no compiled extension")
+def test_cpu_ops_are_built_to_split_across_threads():
+    """at::parallel_for is a header template: in torch's OpenMP build it only
+    runs chunks on several threads when the extension is compiled with
+    -fopenmp (without it every chunk ran on the calling thread). The built
+    library must call libgomp, and share the runtime torch loaded."""
+    from d9d_kernels import _C
+
+    with open(_C.__file__, "rb") as f:
+        assert b"GOMP_parallel" in f.read(), "the extension was built without -fopenmp"
+    if sys.platform.startswith("linux"):
+        out = run_py("import torch, d9d_kernels._C\n"
+                     "print(sorted({l.split()[-1] for l in open('/proc/self/maps') if 'libgomp' in l}))")
+        assert out.count("libgomp") == 1, f"not one OpenMP runtime: {out}"
