@@ -102,8 +102,8 @@ __global__ void __launch_bounds__(kThreads) rows_kernel(Entries<T, TT> in, int64
   const bool logits = logits_of(flag, logits_fixed);
   const int lane = threadIdx.x % kWarp;
   // bad rows by cause in one register pair: bad targets in the low word, bad
-  // scores in the high one (one variable captured, as the row loop keeps it
-  // in registers; with two it went to the stack)
+  // scores in the high one (the row loop keeps one captured counter in
+  // registers; two put its state on the stack, test_sass)
   uint64_t nbad = 0;
   const auto target = [&](int64_t i) { return in.t(i, 0); };
   const auto keep = [&](int64_t i, int64_t t) { return in.keep(i, 0, t); };

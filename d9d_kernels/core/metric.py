@@ -334,8 +334,7 @@ class Metric(metaclass=_MetricMeta):
             if "bad" not in s:
                 continue
             bad = s["bad"].reshape(-1)
-            pairs = zip(BAD_CAUSES, bad.unbind(0)) if bad.numel() == 2 else [(self._bad_cause, bad.sum())]
-            for cause, t in pairs:
+            for cause, t in zip(bad_causes_of(bad.numel(), self._bad_cause), bad.unbind(0)):
                 out[cause] = out[cause] + t if cause in out else t
         return out
 
@@ -723,14 +722,23 @@ def _same(a, b) -> bool:
 BAD_CAUSES = ("target_out_of_range", "nonfinite_preds")
 
 
+def raising_weights(n: int, nan_strategy: str) -> tuple[float, ...]:
+    """Each count's weight, in a ``bad`` slot of ``n`` counts, in the count
+    that makes compute() raise: all of them under ``"error"``; of a two-count
+    slot otherwise only the bad targets (nan_strategy applies to NaN/Inf
+    predictions, never to labels)."""
+    return (1.0, 0.0) if n == 2 and nan_strategy != "error" else (1.0,) * n
+
+
+def bad_causes_of(n: int, one_cause: str) -> tuple[str, ...]:
+    """The causes a ``bad`` slot of ``n`` counts holds, in its order."""
+    return BAD_CAUSES if n == 2 else (one_cause,)
+
+
 def raising_count(bad: torch.Tensor, nan_strategy: str) -> torch.Tensor:
-    """The count of a ``bad`` slot that makes compute() raise: all of it under
-    ``"error"``; of a two-count slot otherwise only the bad targets
-    (nan_strategy applies to NaN/Inf predictions, never to labels)."""
+    """The count of a ``bad`` slot that makes compute() raise (``raising_weights``)."""
     bad = bad.reshape(-1)
-    if nan_strategy == "error" or bad.numel() == 1:
-        return bad.sum()
-    return bad[0]
+    return bad.sum() if all(raising_weights(bad.numel(), nan_strategy)) else bad[0]
 
 
 #: fixes named by compute()'s bad-input error, per cause

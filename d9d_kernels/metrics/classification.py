@@ -55,7 +55,6 @@ __all__ = [
 ]
 
 
-
 class _Classification(Metric):
     """Task / argument handling shared by every classification metric."""
 

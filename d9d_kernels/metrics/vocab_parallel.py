@@ -332,12 +332,15 @@ def add_vocab_class_stats(state: dict, preds: torch.Tensor, target: torch.Tensor
     keep = torch.ones_like(t, dtype=torch.bool) if mask is None else torch.broadcast_to(mask, target.shape).reshape(-1)
     if ignore_index is not None:
         keep = keep & (t != ignore_index)
-    scores_ok = torch.isfinite(r.row_max)  # no NaN / +Inf, not all -Inf
+    preds_ok = torch.isfinite(r.row_max)  # no NaN / +Inf, not all -Inf
     target_ok = (t >= 0) & (t < V)
     if lse is not None:
         l = lse.reshape(-1).to(torch.float64)
-        lse_ok = keep & target_ok & torch.isfinite(l)
-    ok = add_bad(state["bad"], keep, target_ok, torch.isfinite(l) if lse is not None and rows_by_lse else scores_ok)
+        l_finite = torch.isfinite(l)
+        lse_ok = keep & target_ok & l_finite
+        if rows_by_lse:
+            preds_ok = l_finite
+    ok = add_bad(state["bad"], keep, target_ok, preds_ok)
     okf = ok.to(torch.float64)
     tgt = torch.where(ok, t, 0)
     e = state["extras"]

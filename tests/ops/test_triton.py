@@ -278,9 +278,13 @@ def test_class_stats_class_strided_scores_read_in_place(ks, nll, monkeypatch):
     # host copies of every argument hide that from a profiler)
     made = []
     contiguous = torch.Tensor.contiguous
-    monkeypatch.setattr(torch.Tensor, "contiguous", lambda self, *a, **k: (
-        made.append(self.shape) if self.data_ptr() == s.data_ptr() and not self.is_contiguous() else None,
-        contiguous(self, *a, **k))[1])
+
+    def recording(self, *a, **k):
+        if self.data_ptr() == s.data_ptr() and not self.is_contiguous():
+            made.append(tuple(self.shape))
+        return contiguous(self, *a, **k)
+
+    monkeypatch.setattr(torch.Tensor, "contiguous", recording)
     tr("class_stats")(s, t, None, C, -1, list(ks), nll, *_class_states(len(ks), C))
     assert not made, made
 

@@ -181,16 +181,15 @@ def _native_row(m, layout) -> tuple[list[int], float, int] | None:
     return prog, beta2, C if avg == GV.AVERAGES["none"] else 1
 
 
-def _bad_fields(m, layout) -> tuple[list[int], list[float]]:
+def _bad_fields(m, layout) -> tuple[list[int], tuple[float, ...], tuple[str, ...]]:
     """Flat SUM indices of the ``bad`` slot of a family member that raises on
-    bad input (two counts by cause for classification, labelled.BAD; one
-    otherwise), and each one's weight in the count that raises
-    (``core.metric.raising_count``)."""
+    bad input, each count's weight in the count that raises and its cause
+    (``core.metric.raising_weights`` / ``bad_causes_of``, as a metric's own check)."""
     j = m._stat_map["stats" if isinstance(m, _Classification) else "m" if "m" in m._stat_map else "e"]
-    b = _at(layout, j, "bad")[1]
-    if isinstance(m, _Classification):
-        return [b, b + 1], [1.0, 1.0 if m.nan_strategy == "error" else 0.0]
-    return [b], [1.0]
+    slot, b = next((s, o) for s, o in layout.placed[j] if s.name == "bad")
+    n = math.prod(slot.shape)
+    return (list(range(b, b + n)), core_metric.raising_weights(n, m.nan_strategy),
+            core_metric.bad_causes_of(n, m._bad_cause))
 
 
 class FusedPlan:
@@ -233,15 +232,17 @@ class FusedPlan:
         self.families = list(fams.values())
         self.checked_fused, self.checked_single = [], []
         self.bad_idx: list[int] = []  # every checked family member's bad slot, one after another
-        self.bad_weights: list[list[float]] = []  # per member: its counts' weights in the count that raises
+        self.bad_weights: list[tuple[float, ...]] = []  # per member: its counts' weights in the count that raises
+        self.bad_causes: list[tuple[str, ...]] = []  # per member: its counts' causes
         for name, m in members.items():
             if not m._raise_on_bad():
                 continue
             if _family(m) is not None:  # bad counts gathered as for the families (native or not)
-                idx, w = _bad_fields(m, layout)
+                idx, w, causes = _bad_fields(m, layout)
                 self.checked_fused.append(m)
                 self.bad_idx += idx
                 self.bad_weights.append(w)
+                self.bad_causes.append(causes)
             else:
                 self.checked_single.append(m)
         self._device_idx: dict = {}
@@ -357,14 +358,9 @@ def fused_values(group) -> dict[str, torch.Tensor]:
     return {name: vals[name] for name in plan.order}
 
 
-def _cause_names(m) -> list[str]:
-    """The bad-input causes ``Metric._bad_causes`` reports for a family member."""
-    return list(core_metric.BAD_CAUSES) if isinstance(m, _Classification) else [m._bad_cause]
-
-
 def _bad_matrix(plan: FusedPlan, device, causes: bool) -> torch.Tensor:
     """``[R, len(bad_idx)]`` float64: per checked family member, a row of its
-    count that raises, then (``causes``) one row per cause (``_cause_names``):
+    count that raises, then (``causes``) one row per cause (``bad_causes``):
     weighted sums of the gathered bad counts (exact: small integer sums in
     float64); made once per device."""
     key = ("bad_matrix", causes, device)
@@ -424,7 +420,7 @@ def fused_compute_to_host(group, keys: dict):
         c = _bad_matrix(plan, dev, causes=True) @ bad
         parts.append(c)
         tail += c.numel()
-        checks += [(m, _cause_names(m)) for m in plan.checked_fused]
+        checks += [(m, list(c)) for m, c in zip(plan.checked_fused, plan.bad_causes)]
     for m in plan.checked_single:
         states = m._states()
         count = m._bad_count(states)
