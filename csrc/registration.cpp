@@ -38,7 +38,7 @@ TORCH_LIBRARY(d9d_kernels, m) {
   m.def(
       "group_values(Tensor sum, Tensor max, Tensor replica, Tensor program, Tensor beta, "
       "Tensor(a!) out) -> ()");
-  // Internal (CPU only, not in d9d_kernels._extension.OPS): the per-row sum of
-  // exp of the vocab-parallel partials, csrc/cpu/row_sum_exp.cpp.
-  m.def("row_sum_exp(Tensor x, Tensor row_max, Tensor(a!) out) -> ()");
+  // Internal (CPU only, not in d9d_kernels._extension.OPS): the per-row partials
+  // of a vocab-parallel shard, csrc/cpu/vocab_partials.cpp.
+  m.def("vocab_partials(Tensor x, Tensor target, int start, int kmax, bool sumexp, Tensor(a!) out) -> ()");
 }

@@ -1,7 +1,8 @@
 // The score-row loops of class_stats whose speed rests on the vector width:
-// rows_small (all-pairs ranks, lane = class) and for_rows, which calls it
-// per row (the row body must be compiled for the same target as the loop to
-// be inlined).
+// rows_small (all-pairs ranks, lane = class), for_rows, which calls it per
+// row (the row body must be compiled for the same target as the loop to be
+// inlined), and topk_scan (the best k of a long row; also the vocab-parallel
+// partials, vocab_partials.cpp).
 //
 // Contract of this -inl.h: include it once per width right after
 // lanes-inl.h, in the same namespace and with the same D9D_VEC_BYTES (see
@@ -25,6 +26,22 @@
 #error "class_stats_rows-inl.h: include lanes-inl.h first, with D9D_VEC_BYTES defined"
 #endif
 
+// The C scores at src as V: src itself, or converted into buf (C entries).
+template <class V, class T>
+inline const V* row_as(const T* src, int64_t C, V* buf) {
+  if constexpr (std::is_same_v<T, V>) {
+    return src;
+  } else if constexpr (std::is_same_v<T, at::Half>) {
+    for (int64_t j = half_bits_to_float(reinterpret_cast<const uint16_t*>(src), buf, C); j < C; ++j) {
+      buf[j] = static_cast<float>(src[j]);
+    }
+    return buf;
+  } else {
+    for (int64_t j = 0; j < C; ++j) buf[j] = static_cast<V>(src[j]);
+    return buf;
+  }
+}
+
 // Calls f(i, t, row) for each kept row of [b, e) with target t in [0, C),
 // row = its C scores as V; counts the kept rows with another target in bad[0]
 // (f counts the rows whose scores are bad in bad[1]).
@@ -45,17 +62,8 @@ void for_rows(const Args& a, const Out& o, const T* preds, int64_t rs, const T* 
       continue;
     }
     const T* src = preds + i * rs;
-    const V* row;
-    if constexpr (convert && std::is_same_v<T, at::Half>) {
-      for (int64_t j = half_bits_to_float(reinterpret_cast<const uint16_t*>(src), buf.data(), C); j < C; ++j) {
-        buf[j] = static_cast<float>(src[j]);
-      }
-      row = buf.data();
-    } else if constexpr (convert) {
-      for (int64_t j = 0; j < C; ++j) buf[j] = static_cast<V>(src[j]);
-      row = buf.data();
-    } else {
-      row = src;
+    const V* row = row_as<V>(src, C, buf.data());
+    if constexpr (!convert) {
       if (end - src < C + pad) {
         std::copy(src, src + C, buf.begin());
         row = buf.data();
@@ -278,3 +286,87 @@ void rows_small_dispatch(const Args& a, const Out& o, const T* preds, int64_t rs
   rows_small<V, U>(a, o, preds, rs, end, tg, ms, has_m, b, e);
 }
 
+// The kmax best classes of a row of C > kSmallC scores (kmax <= kTopKBuffer)
+// in two passes. Pass 1 keeps the max of each lane column (j mod kLanes):
+// the kmax-th largest column max `lo` is <= the kmax-th best score (the
+// column maxima are kmax distinct elements). Pass 2 offers, in class order,
+// only the scores >= lo: a block of kLanes with none is skipped after one
+// vector test, which also flags NaN/+Inf (!(v < lo)). At C = 1000, k = 5:
+// ~6 of 63 blocks, ~6 offers. A NaN may leave a column max of fewer scores
+// or NaN, so `lo` too high: harmless, as pass 2 never skips the NaN and the
+// row is bad. -Inf scores (masked logits) are valid: skipped like any score
+// below lo, else offered (lo = -Inf).
+// Returns false for a row with a NaN/+Inf or only -Inf; else top[0..kmax)
+// best first.
+template <class V>
+inline bool topk_scan(const V* x, int64_t C, int kmax, V* sc, int32_t* top) {
+  using L = Lanes<V>;
+  using Vec = typename L::Vec;
+  using Mask = typename L::Mask;
+  constexpr int P = L::P, U = kLanes / P;
+  constexpr V inf = std::numeric_limits<V>::infinity();
+  Vec mx[U];
+  for (int u = 0; u < U; ++u) mx[u] = splat(-inf);
+  const int64_t full = C - C % kLanes;
+  for (int64_t j = 0; j < full; j += kLanes) {
+    for (int u = 0; u < U; ++u) {
+      const Vec v = load_vec(x + j + u * P);
+      mx[u] = mx[u] > v ? mx[u] : v;  // maxps in place. A NaN v replaces the max:
+                                      // still a max of distinct scores
+    }
+  }
+  if (full < C) {  // the tail, padded with NaN, which this form skips
+    V tail[kLanes];
+    std::fill(tail, tail + kLanes, std::numeric_limits<V>::quiet_NaN());
+    std::copy(x + full, x + C, tail);
+    for (int u = 0; u < U; ++u) {
+      const Vec v = load_vec(tail + u * P);
+      mx[u] = v > mx[u] ? v : mx[u];
+    }
+  }
+  V lo = -inf;
+  if (kmax <= kLanes) {  // lo = the smallest column max with fewer than kmax maxima above it
+    V cm[kLanes];
+    std::memcpy(cm, mx, sizeof cm);
+    Mask above[U];
+    for (int u = 0; u < U; ++u) above[u] = Mask{};
+    for (int i = 0; i < kLanes; ++i) {
+      const Vec c = splat(cm[i]);
+      for (int u = 0; u < U; ++u) above[u] -= c > mx[u];
+    }
+    Vec best = splat(inf);
+    const Mask kv = Mask{} + kmax;
+    for (int u = 0; u < U; ++u) best = ((above[u] < kv) & (mx[u] < best)) ? mx[u] : best;
+    lo = best[0];
+    for (int l = 1; l < P; ++l) lo = best[l] < lo ? best[l] : lo;
+  }
+  int filled = 0;
+  Vec vlo = splat(lo);
+  auto take = [&](int64_t j) {  // false: NaN or +Inf
+    const V v = x[j];
+    if (!(v < inf)) return false;  // score_ok
+    topk_offer(sc, top, filled, kmax, v, static_cast<int32_t>(j));
+    return true;
+  };
+  for (int64_t j = 0; j < full; j += kLanes) {
+    Mask lt[U], all_lt = ~Mask{};
+    for (int u = 0; u < U; ++u) {
+      lt[u] = load_vec(x + j + u * P) < vlo;
+      all_lt &= lt[u];
+    }
+    if (lane_bits(all_lt) == (1 << P) - 1) continue;
+    int bits = 0;  // lanes >= lo (or NaN): few, visited in class order
+    for (int u = 0; u < U; ++u) bits |= (lane_bits(lt[u]) ^ ((1 << P) - 1)) << (u * P);
+    for (; bits != 0; bits &= bits - 1) {
+      if (!take(j + __builtin_ctz(bits))) return false;
+    }
+    if (filled == kmax) {  // only a larger score enters now
+      lo = sc[kmax - 1];
+      vlo = splat(lo);
+    }
+  }
+  for (int64_t j = full; j < C; ++j) {
+    if (!(x[j] < lo) && !take(j)) return false;
+  }
+  return sc[0] > -inf;  // the row max is always offered (>= lo)
+}

@@ -7,11 +7,13 @@ size, tp))`` on ``dk.Perplexity`` and the multiclass classification metrics
 (``dk.Accuracy(task="multiclass", top_k=...)`` and the other ``ClassStatistic``
 members) takes such a shard:
 
-1. each rank reduces its shard to per-row partials with torch ops: row max,
-   ``Σ exp(x - max)`` (float32; float64 for float64 logits), the target's
-   logit when the target falls in the shard (else ``-inf``), and its local
-   top-k values with GLOBAL indices (k = the largest top-k needed; ties broken
-   as ``reference.class_stats``: lower index first);
+1. each rank reduces its shard to per-row partials: row max, ``Σ exp(x -
+   max)``, the target's logit when the target falls in the shard (else
+   ``-inf``), and its local top-k values with GLOBAL indices (k = the largest
+   top-k needed; ties broken as ``reference.class_stats``: lower index
+   first). On CPU one compiled pass over the shard does it
+   (``ops.vocab_partials``); elsewhere, torch ops (``_local_partials``, the
+   specification; float32 sums, float64 for float64 logits);
 2. ONE ``all_gather`` over the tp context of a ``[N, P]`` float64 buffer of
    these partials per update;
 3. every tp rank combines the gathered partials identically (global max,
@@ -39,7 +41,6 @@ import torch
 
 from d9d_kernels import ops
 from d9d_kernels.metrics import _args as A
-from d9d_kernels.ops.row_sum_exp import row_sum_exp_ok
 from d9d_kernels.reference import add_bad
 from d9d_kernels.distributed import DistributedContext, as_context
 
@@ -185,7 +186,7 @@ def _local_partials(x: torch.Tensor, t: torch.Tensor, start: int, kmax: int, sum
     acc = torch.float64 if x.dtype == torch.float64 else torch.float32  # exact for bf16 / fp16 / fp32 scores
     P = 2 + int(sumexp) + 2 * kmax
     out = torch.empty(n, P, dtype=torch.float64, device=x.device)
-    if scratch is None and ((sumexp and not row_sum_exp_ok(x)) or x.dtype != acc):
+    if scratch is None and (sumexp or x.dtype != acc):
         scratch = torch.empty(n, size, dtype=acc, device=x.device)
     # bf16 / fp16 scores: converted once and reduced in float32 (the copy plus
     # float32 block maxima cost half the bfloat16 block maxima); the exp pass
@@ -208,8 +209,7 @@ def _local_partials(x: torch.Tensor, t: torch.Tensor, start: int, kmax: int, sum
         _local_topk(xr, bmax, kmax, start, out[:, c : c + kmax], out[:, c + kmax :])
     if sumexp:
         ms = torch.where(torch.isfinite(m), m, 0)
-        se = ops.row_sum_exp(x, ms)  # one vectorised pass over the shard's own dtype, where compiled
-        out[:, 2] = se if se is not None else torch.sub(xr, ms[:, None], out=scratch).exp_().sum(1)
+        out[:, 2] = torch.sub(xr, ms[:, None], out=scratch).exp_().sum(1)
     return out
 
 
@@ -276,15 +276,17 @@ def vocab_rows(x: torch.Tensor, t: torch.Tensor, split: VocabSplit, kmax: int, s
     all-gather over the tp context, and their combination."""
     n = x.shape[0]
     P = 2 + int(sumexp) + 2 * kmax
-    buf = torch.empty(n, P, dtype=torch.float64, device=x.device)
-    step = max(1, CHUNK_SCORES // max(1, x.shape[1]))
-    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
-    need = (sumexp and not row_sum_exp_ok(x)) or x.dtype != acc
-    scratch = torch.empty(min(step, n), x.shape[1], dtype=acc, device=x.device) if need else None
-    for i in range(0, n, step):
-        rows = min(step, n - i)
-        buf[i : i + rows] = _local_partials(x[i : i + rows], t[i : i + rows], split.start, kmax, sumexp,
-                                            None if scratch is None else scratch[:rows])
+    buf = ops.vocab_partials(x, t, split.start, kmax, sumexp)
+    if buf is None:
+        buf = torch.empty(n, P, dtype=torch.float64, device=x.device)
+        step = max(1, CHUNK_SCORES // max(1, x.shape[1]))
+        acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+        need = sumexp or x.dtype != acc
+        scratch = torch.empty(min(step, n), x.shape[1], dtype=acc, device=x.device) if need else None
+        for i in range(0, n, step):
+            rows = min(step, n - i)
+            buf[i : i + rows] = _local_partials(x[i : i + rows], t[i : i + rows], split.start, kmax, sumexp,
+                                                None if scratch is None else scratch[:rows])
     W = split.ctx.world_size
     g = torch.empty(W, n, P, dtype=torch.float64, device=x.device)
     split.ctx.all_gather_into_tensor(g, buf).wait()

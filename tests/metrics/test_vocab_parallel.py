@@ -8,6 +8,8 @@ ValueError on every rank."""
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -254,14 +256,29 @@ def test_local_shard_and_argument_errors():
         dk.Accuracy(task="multiclass", num_classes=V).update(x, t, vocab=(0, V))
 
 
-@pytest.mark.parametrize("block", [1, 4, 64])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64])
-def test_local_topk_matches_stable_sort(monkeypatch, block, dtype):
+def _partials(impl, monkeypatch, x, t, start, kmax, sumexp=True):
+    """A shard's partials by the compiled op ("op") or the torch-ops specification ("torch:<BLOCK>")."""
     from d9d_kernels.metrics import vocab_parallel as vp
+    op = importlib.import_module("d9d_kernels.ops.vocab_partials")
 
-    monkeypatch.setattr(vp, "BLOCK", block)
-    g = torch.Generator().manual_seed(block)
-    for size in (1, 3, 4, 5, 9, 130):
+    if impl == "op":
+        if not op.AVAILABLE:
+            pytest.skip("d9d_kernels._C without vocab_partials")
+        out = dk.ops.vocab_partials(x, t, start, kmax, sumexp)
+        assert out is not None
+        return out
+    monkeypatch.setattr(vp, "BLOCK", int(impl.split(":")[1]))
+    return vp._local_partials(x, t, start, kmax, sumexp)
+
+
+IMPLS = ["op", "torch:1", "torch:4", "torch:64"]
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64])
+def test_shard_partials_match_stable_sort(monkeypatch, impl, dtype):
+    g = torch.Generator().manual_seed(len(impl))
+    for size in (1, 3, 4, 5, 9, 17, 130):
         x = torch.randint(-3, 3, (30, size), generator=g).double()
         x[torch.rand(30, size, generator=g) < 0.3] = float("-inf")
         x[0] = float("-inf")
@@ -269,12 +286,15 @@ def test_local_topk_matches_stable_sort(monkeypatch, block, dtype):
         x[2, ::2] = 0.0
         x = x.to(dtype)
         t = torch.randint(0, size, (30,), generator=g)
+        t[3] = size + 5  # another rank's column
         want = torch.sort(x.double(), dim=1, descending=True, stable=True)
-        for kmax in (1, 2, 5, 7):
-            out = vp._local_partials(x, t + 1000, 1000, kmax, sumexp=True)
+        for kmax in (0, 1, 2, 5, 7):
+            out = _partials(impl, monkeypatch, x, t + 1000, 1000, kmax)
             kk = min(kmax, size)
             assert torch.equal(out[:, 0], x.double().amax(1))
-            assert torch.equal(out[:, 1], x.double()[torch.arange(30), t])
+            here = t < size
+            assert torch.equal(out[here, 1], x.double()[torch.arange(30), t.clamp(max=size - 1)][here])
+            assert (out[~here, 1] == float("-inf")).all()
             assert torch.equal(out[:, 3 + kmax : 3 + kmax + kk], want.indices[:, :kk].double() + 1000), (size, kmax)
             assert torch.equal(out[:, 3 : 3 + kk], want.values[:, :kk])
             assert (out[:, 3 + kk : 3 + kmax] == float("-inf")).all()
@@ -282,6 +302,63 @@ def test_local_topk_matches_stable_sort(monkeypatch, block, dtype):
             fin = torch.isfinite(out[:, 0])
             m = out[fin, 0]
             torch.testing.assert_close(m + out[fin, 2].log(), torch.logsumexp(x.double()[fin], 1), rtol=1e-6, atol=1e-6)
+            assert (out[~fin, 2] == 0).all()  # rows of only -inf: nothing to add
+
+
+@pytest.mark.parametrize("impl", ["op", "torch:64"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
+def test_shard_partials_of_wide_and_bad_rows(monkeypatch, impl, dtype):
+    """Vocabulary-wide rows (odd widths, -inf masks, ties, values at ±1e4):
+    max, top-k and Σ exp(x - max) within 1e-6 of float64; a row with a NaN (in
+    its last column too) or +Inf has a non-finite max, so the combine counts it
+    bad; a row of only -inf keeps max -inf and its first columns as top-k."""
+    g = torch.Generator().manual_seed(5)
+    for size in (33, 1000, 50257):
+        x = (torch.randn(9, size, generator=g) * 4).double()
+        x[1, ::2] = float("-inf")
+        x[2] = float("-inf")
+        x[3, -1] = float("nan")
+        x[4, size // 2] = float("inf")
+        x[5, :] = torch.randint(-1, 2, (size,), generator=g).double()  # ties everywhere
+        x[6] = x[6] * 2500  # ±1e4
+        x = x.to(dtype)
+        t = torch.randint(0, size, (9,), generator=g)
+        xd = x.double()
+        for kmax in (0, 5, 64):
+            out = _partials(impl, monkeypatch, x, t + 7, 7, kmax)
+            good = torch.tensor([i not in (2, 3, 4) for i in range(9)])
+            assert torch.isnan(out[3, 0]) and not torch.isfinite(out[4, 0]) and out[2, 0] == float("-inf")
+            assert torch.equal(out[good, 0], xd[good].amax(1))
+            torch.testing.assert_close(out[good, 0] + out[good, 2].log(), torch.logsumexp(xd[good], 1), rtol=1e-6,
+                                       atol=0)
+            want = torch.sort(xd, dim=1, descending=True, stable=True)
+            rows, kk = good | (torch.arange(9) == 2), min(kmax, size)
+            assert torch.equal(out[rows, 3 : 3 + kk], want.values[rows, :kk])
+            assert torch.equal(out[rows, 3 + kmax : 3 + kmax + kk], want.indices[rows, :kk].double() + 7)
+
+
+def test_vocab_partials_op_argument_errors():
+    op = importlib.import_module("d9d_kernels.ops.vocab_partials")
+
+    if not op.AVAILABLE:
+        pytest.skip("d9d_kernels._C without vocab_partials")
+    x, t = torch.randn(4, 10), torch.zeros(4, dtype=torch.long)
+    out = torch.empty(4, 2 + 1 + 2 * 3, dtype=torch.float64)
+    f = torch.ops.d9d_kernels.vocab_partials
+    before = out.clone()
+    with pytest.raises(ValueError, match="vocab_partials: argument 'target' must be \\[N\\] = \\[4\\]"):
+        f(x, t[:3], 0, 3, True, out)
+    with pytest.raises(ValueError, match="vocab_partials: argument 'kmax' must be in \\[0, 64\\]"):
+        f(x, t, 0, 65, True, out)
+    with pytest.raises(ValueError, match="vocab_partials: argument 'out' must be float64 \\[4, 8\\]"):
+        f(x, t, 0, 3, False, out)
+    with pytest.raises(ValueError, match="vocab_partials: argument 'x' must be 2-D"):
+        f(x.T, t, 0, 3, True, out)
+    with pytest.raises(TypeError, match="vocab_partials: argument 'target' must be int64"):
+        f(x, t.int(), 0, 3, True, out)
+    assert torch.equal(out.nan_to_num(), before.nan_to_num())  # untouched: checks run before any write
+    assert dk.ops.vocab_partials(x.T, t, 0, 3, True) is None  # not served: the caller's torch ops take it
+    assert dk.ops.vocab_partials(x, t, 0, 65, True) is None
 
 
 def test_docstring_examples_run():
@@ -327,29 +404,3 @@ def _count_worker(rank, world):
 def test_one_collective_per_update_after_the_first():
     # the first update also checks the metadata (one small all-gather), cached for the signature
     assert run_distributed(_count_worker, 2, timeout=120.0) == [[2, 1, 1, 1], [2, 1, 1, 1]]
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-def test_row_sum_exp_op_vs_float64(dtype):
-    """The compiled CPU row pass behind the shard partials: Σ exp(x - max) per
-    row within 1e-6 relative of float64, with -inf masks, odd widths and
-    a row of only -inf (max replaced by 0 as the caller does)."""
-    import importlib
-
-    if not importlib.import_module("d9d_kernels.ops.row_sum_exp").AVAILABLE:
-        pytest.skip("d9d_kernels._C without row_sum_exp")
-    g = torch.Generator().manual_seed(3)
-    for V in (1, 7, 33, 1000, 50257):
-        x = (torch.randn(9, V, generator=g) * 4).to(dtype)
-        x[1, ::2] = -float("inf")
-        x[2] = -float("inf")
-        m = x.float().amax(1)
-        m = torch.where(torch.isfinite(m), m, 0.0)
-        out = torch.empty(9, dtype=torch.float64)
-        torch.ops.d9d_kernels.row_sum_exp(x, m, out)
-        want = torch.exp(x.double() - m.double()[:, None]).sum(1)
-        # a masked score adds exp(-87) ~ 1.6e-38 (the pass clamps its argument), not 0
-        torch.testing.assert_close(out, want, rtol=1e-6, atol=1e-33)
-        torch.testing.assert_close(dk.ops.row_sum_exp(x, m), out, rtol=0, atol=0)
-    with pytest.raises(ValueError, match="row_max"):
-        torch.ops.d9d_kernels.row_sum_exp(x, m[:3], out)

@@ -1,0 +1,144 @@
+// vocab_partials on CPU: the per-row partials of one tensor-parallel rank's
+// vocabulary shard x [N, size] (vocabulary columns [start, start + size)),
+// which d9d_kernels/metrics/vocab_parallel.py gathers over the tp ranks and
+// combines. Row i of out [N, P] (float64, P = 2 + sumexp + 2 * kmax):
+//   max, target logit (-Inf when the target is not in the shard),
+//   [Σ exp(x - max)], kmax values best first, their kmax global indices,
+// with ties to the lower index and -Inf / kPast padding where the shard has
+// fewer than kmax columns. A row with a NaN or +Inf has that max (bad once
+// combined) and padding for its top-k; a row of only -Inf keeps max -Inf
+// and its first columns as top-k (another rank may hold finite scores).
+// One read of each row from memory: it is converted to float once
+// (bfloat16/float16) and scanned from cache by topk_scan and the exp pass.
+// Specification: vocab_parallel._local_partials (torch ops, the fallback
+// where this op does not run). Internal, not one of the public ops.
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#if defined(__SSE2__)
+#include <immintrin.h>  // lanes-inl.h's movemask
+#endif
+
+#include <cmath>
+#include <limits>
+#include <type_traits>
+#include <vector>
+
+#include "../kernels/checks.h"
+#include "class_stats_cpu.h"
+#include "class_stats_nll.h"
+#include "common.h"
+#include "half_bits.h"
+
+namespace d9d {
+namespace {
+
+using namespace class_stats_detail;
+
+namespace vec16 {
+#define D9D_VEC_BYTES 16
+#include "lanes-inl.h"
+#include "class_stats_rows-inl.h"
+#undef D9D_VEC_BYTES
+}  // namespace vec16
+using namespace vec16;
+
+// Rows per task: ~64k scores, well above a thread hand-off.
+constexpr int64_t kGrainScores = int64_t(1) << 16;
+// The index of padding candidates, ranked after every real column of any
+// vocabulary (vocab_parallel.PAST).
+constexpr double kPast = 4503599627370496.0;  // 2^52
+
+// The row's max as V, NaN when it holds a NaN (+Inf for a +Inf).
+template <class V, class T>
+V max_or_nan(const T* x, int64_t C) {
+  V m = -std::numeric_limits<V>::infinity();
+  for (int64_t j = 0; j < C; ++j) {
+    const V v = static_cast<V>(x[j]);
+    if (v != v) return v;
+    m = v > m ? v : m;
+  }
+  return m;
+}
+
+// Σ_j exp(x[j] - m) in double; m finite and the row's max. row: the scores
+// as V when already converted (read from cache), else nullptr.
+template <class V, class T>
+double sum_exp(const T* x, const V* row, int64_t C, V m, bool vec) {
+  if constexpr (!std::is_same_v<V, double>) {
+    if (vec) return row != nullptr ? nll_vec_sum_exp(row, C, m) : nll_vec_sum_exp(x, C, m);
+  }
+  double s = 0.0;
+  for (int64_t j = 0; j < C; ++j) s += std::exp(static_cast<double>(row[j] - m));
+  return s;
+}
+
+template <class T>
+void partials(const T* x, int64_t rs, const int64_t* tg, int64_t ts, int64_t n, int64_t C, int64_t start, int kmax,
+              bool with_sum, double* out) {
+  using V = typename Cmp<T>::type;
+  constexpr V inf = std::numeric_limits<V>::infinity();
+  const int P = 2 + int(with_sum) + 2 * kmax;
+  const int kk = static_cast<int>(std::min<int64_t>(kmax, C));
+  const bool vec = !std::is_same_v<T, double> && nll_vec_ok();
+  at::parallel_for(0, n, std::max<int64_t>(1, kGrainScores / std::max<int64_t>(C, 1)), [&](int64_t b, int64_t e) {
+    std::vector<V> buf(std::is_same_v<T, V> ? 0 : C);
+    V sc[kTopKBuffer];
+    int32_t top[kTopKBuffer];
+    V m_good = V(0);
+    for (int64_t i = b; i < e; ++i) {
+      const T* src = x + i * rs;
+      double* o = out + i * P;
+      const V* row = (kmax > 0 || !vec) ? row_as<V>(src, C, buf.data()) : nullptr;
+      bool good = false;  // true: m is the row's max, finite
+      if (kmax > 0) {
+        good = topk_scan(row, C, kk, sc, top);  // false: NaN / +Inf, or only -Inf (top-k still complete)
+        m_good = sc[0];
+      } else if (vec) {
+        if constexpr (!std::is_same_v<T, double>) good = nll_vec_max(src, C, &m_good);
+      }
+      const V m = good ? m_good : max_or_nan<V>(src, C);
+      const bool bad = !(m < inf);  // NaN or +Inf
+      o[0] = static_cast<double>(m);
+      const int64_t tl = tg[i * ts] - start;
+      o[1] = tl >= 0 && tl < C ? static_cast<double>(static_cast<V>(src[tl])) : -std::numeric_limits<double>::infinity();
+      int c = 2;
+      if (with_sum) {
+        o[2] = m - m == V(0) ? sum_exp(src, row, C, m, vec) : 0.0;
+        c = 3;
+      }
+      for (int r = 0; r < kmax; ++r) {
+        const bool real = r < kk && !bad;
+        o[c + r] = real ? static_cast<double>(sc[r]) : -std::numeric_limits<double>::infinity();
+        o[c + kmax + r] = real ? static_cast<double>(top[r] + start) : kPast;
+      }
+    }
+  });
+}
+
+void vocab_partials_cpu(const at::Tensor& x, const at::Tensor& target, int64_t start, int64_t kmax, bool sumexp,
+                        const at::Tensor& out) {
+  const char* op = "vocab_partials";
+  check_floating(op, "x", x);
+  D9D_CHECK(x.dim() == 2 && x.size(1) >= 1 && (x.size(1) == 1 || x.stride(1) == 1), op, "x",
+            "must be 2-D [N, size >= 1] with contiguous rows, got shape ", x.sizes(), ", strides ", x.strides());
+  const int64_t n = x.size(0), C = x.size(1);
+  check_index(op, "target", target);
+  D9D_CHECK(target.dim() == 1 && target.size(0) == n, op, "target", "must be [N] = [", n, "], got shape ",
+            target.sizes());
+  check_device(op, "target", target, x.device());
+  D9D_CHECK(start >= 0, op, "start", "must be >= 0, got ", start);
+  D9D_CHECK(kmax >= 0 && kmax <= kTopKBuffer, op, "kmax", "must be in [0, ", kTopKBuffer, "], got ", kmax);
+  check_state(op, "out", out, {n, 2 + int64_t(sumexp) + 2 * kmax}, x.device());
+  if (n == 0) return;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "vocab_partials", [&] {
+    partials(x.data_ptr<scalar_t>(), x.stride(0), target.data_ptr<int64_t>(), target.stride(0), n, C, start,
+             static_cast<int>(kmax), sumexp, out.data_ptr<double>());
+  });
+}
+
+}  // namespace
+}  // namespace d9d
+
+TORCH_LIBRARY_IMPL(d9d_kernels, CPU, m) { m.impl("vocab_partials", &d9d::vocab_partials_cpu); }
