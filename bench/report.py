@@ -574,6 +574,36 @@ def lm_section(rows, targets: list, memory: Path | None = None) -> list[str]:
     return lines
 
 
+def lm_tp_section(rows, targets: list) -> list[str]:
+    """bench_lm_tp.csv: the vocab-parallel update against the unsharded one, per shape and dtype."""
+    idx = _index(rows, lambda r: (r["op"], r["shape"], r["dtype"], r["provider"]))
+    lines = ["## Vocab-parallel logits (`bench/bench_lm.py --tp 2`)", "",
+             "The language-model group above updated from vocabulary shards on 2 gloo ranks of 1 thread each "
+             "(`vocab=dk.VocabShard`; the slowest rank of each round), against the unsharded update of the whole "
+             "`[N, V]` with 2 threads on one rank: the same total work plus one all_gather of the per-row "
+             "partials. cpu = CPU seconds summed over the ranks / of the unsharded process.", "",
+             "| shape | dtype | unsharded | tp | tp with lse | tp / unsharded | cpu | with lse / unsharded |",
+             "|---|---|---|---|---|---|---|---|"]
+    op, cpu = "ppl+acc+top5", "ppl+acc+top5 cpu-seconds"
+    worst = None
+    for sh, dt in dict.fromkeys((k[1], k[2]) for k in idx if k[0] == op):
+        t = {p: idx[(op, sh, dt, p)]["_p50"] for p in ("d9d_unsharded", "d9d_tp", "d9d_tp_lse") if (op, sh, dt, p) in idx}
+        c = {p: idx[(cpu, sh, dt, p)]["_p50"] for p in ("d9d_unsharded", "d9d_tp") if (cpu, sh, dt, p) in idx}
+        if len(t) < 3:
+            continue
+        r = t["d9d_tp"] / t["d9d_unsharded"]
+        rc = c["d9d_tp"] / c["d9d_unsharded"] if len(c) == 2 else float("nan")
+        worst = max(worst or (r, sh, dt), (r, sh, dt))
+        lines.append(f"| {sh} | {dt} | {_fmt_t(t['d9d_unsharded'])} | {_fmt_t(t['d9d_tp'])} | "
+                     f"{_fmt_t(t['d9d_tp_lse'])} | {r:.2f}× | {rc:.2f}× | {t['d9d_tp_lse'] / t['d9d_unsharded']:.2f}× |")
+    lines.append("")
+    if worst is not None:
+        r, sh, dt = worst
+        targets.append(("lm", "vocab-parallel update at tp = 2 / unsharded (worst shape)", "≤ 1.5×",
+                        f"{r:.2f}× ({sh.split(',tp')[0]}, {dt})", r <= 1.5))
+    return lines
+
+
 def forward_section(rows, targets: list) -> list[str]:
     """bench_update_forward.csv: the group's forward (update + batch values) against its update."""
     idx = _index(rows, lambda r: (r["op"], r["provider"], r["_shape"]["C"], r["_shape"]["N"]))
@@ -663,6 +693,8 @@ def build(results: Path, doc: Path, plots: bool = True) -> tuple[str, str]:
         sec, plot = known.get(name, (None, None))
         if name == "bench_lm":  # plots itself; its memory figures lie beside the CSV
             sections += lm_section(rows, targets, path.with_name("bench_lm_memory.json"))
+        elif name == "bench_lm_tp":
+            sections += lm_tp_section(rows, targets)
         elif name == "bench_update_forward":
             sections += forward_section(rows, targets)
         elif name == "bench_update_segmentation":
