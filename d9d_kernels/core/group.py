@@ -244,7 +244,10 @@ class MetricGroup(_GroupBase):
         keys = self._keys
         if "values" not in FUSED:  # no catalogue formulas registered: member by member
             return {keys[n]: m.compute() for n, m in self._members.items()}
-        return {keys[n]: v for n, v in FUSED["values"](self).items()}
+        vals = FUSED["values"](self)
+        if not self.prefix and not self.postfix:  # the keys are the names
+            return vals
+        return {keys[n]: v for n, v in vals.items()}
 
     def bad_input_counts(self) -> dict[str, dict[str, int]]:
         """``{key: member.bad_input_counts()}`` for members that count bad inputs."""

@@ -230,6 +230,8 @@ class FusedPlan:
             for kind, idx in fields(m, layout).items():
                 e["idx"].setdefault(kind, []).append(idx)
         self.families = list(fams.values())
+        # every member native and ordered as the group: _native's dict is the result as it is
+        self.in_order = self.native == self.order
         self.checked_fused, self.checked_single = [], []
         self.bad_idx: list[int] = []  # every checked family member's bad slot, one after another
         self.bad_weights: list[tuple[float, ...]] = []  # per member: its counts' weights in the count that raises
@@ -249,8 +251,7 @@ class FusedPlan:
 
     def indices(self, device):
         """Per kind, one flat index tensor on ``device`` covering every family
-        (each family's block: ``(kind, start, K, n)``), and the bad-count
-        indices (``bad_idx``); made once per device."""
+        (each family's block: ``(kind, start, K, n)``); made once per device."""
         out = self._device_idx.get(device)
         if out is None:
             flat: dict = {}
@@ -263,8 +264,15 @@ class FusedPlan:
                     lst.extend(i for row in rows for i in row)
                 blocks.append(b)
             mk = lambda v: torch.tensor(v, dtype=torch.int64, device=device)  # noqa: E731
-            bad = mk(self.bad_idx) if self.bad_idx else None
-            out = self._device_idx[device] = ({k: mk(v) for k, v in flat.items()}, blocks, bad)
+            out = self._device_idx[device] = ({k: mk(v) for k, v in flat.items()}, blocks)
+        return out
+
+    def bad_index(self, device):
+        """``bad_idx`` as an int64 tensor on ``device``; made once per device."""
+        key = ("bad_idx", device)
+        out = self._device_idx.get(key)
+        if out is None:
+            out = self._device_idx[key] = torch.tensor(self.bad_idx, dtype=torch.int64, device=device)
         return out
 
     def native_args(self, device):
@@ -305,9 +313,10 @@ def _native(plan: FusedPlan, bufs) -> dict:
     """``{name: value}`` of the plan's ``native`` members."""
     out = _native_out(plan, bufs)
     k = plan.n_scalar
+    if k == len(plan.native):  # scalars only: one unbind
+        return dict(zip(plan.native, out.unbind(0)))
     vals = list(out[:k].unbind(0)) if k else []
-    if k < len(plan.native):
-        vals += out[k:].split([s[0] for s in plan.native_shapes[k:]])
+    vals += out[k:].split([s[0] for s in plan.native_shapes[k:]])
     return dict(zip(plan.native, vals))
 
 
@@ -315,7 +324,7 @@ def _values(plan: FusedPlan, bufs) -> dict:
     out = _native(plan, bufs) if plan.native else {}
     if not plan.families:
         return out
-    flat, blocks, _ = plan.indices(next(iter(bufs.values())).device)
+    flat, blocks = plan.indices(next(iter(bufs.values())).device)
     gathered = {k: bufs[k].index_select(0, i) for k, i in flat.items()}
     for e, b in zip(plan.families, blocks):
         g = {k: gathered[k][start : start + K * n].view(K, n) for k, (start, K, n) in b.items()}
@@ -323,11 +332,13 @@ def _values(plan: FusedPlan, bufs) -> dict:
     return out
 
 
-def _fused_bad(plan: FusedPlan, bufs) -> torch.Tensor | None:
-    """Family members' bad slots (``FusedPlan.bad_idx``), one gather."""
+def _bad_counts(plan: FusedPlan, bufs, causes: bool) -> torch.Tensor | None:
+    """The rows of ``_bad_matrix`` evaluated on the family members' bad slots
+    (gathered first: a NaN elsewhere in the buffer must not reach the sums)."""
     if not plan.checked_fused:
         return None
-    return bufs[SUM].index_select(0, plan.indices(bufs[SUM].device)[2])
+    s = bufs[SUM]
+    return _bad_matrix(plan, s.device, causes) @ s.index_select(0, plan.bad_index(s.device))
 
 
 def _single_bad(plan: FusedPlan) -> list:
@@ -339,19 +350,19 @@ def fused_values(group) -> dict[str, torch.Tensor]:
     bad-input error when its count is non-zero (one host read for all)."""
     plan = _plan(group)
     bufs = group._storage.current_buffers()
-    bad, single = _fused_bad(plan, bufs), _single_bad(plan)
+    bad, single = _bad_counts(plan, bufs, causes=False), _single_bad(plan)  # per member, the count that raises
     if bad is not None or single:
-        if bad is not None:  # per member, the count that raises
-            bad = _bad_matrix(plan, bad.device, causes=False) @ bad
         parts = ([bad] if bad is not None else []) + [c.reshape(1) for _, c in single]
         counts = (torch.cat(parts) if len(parts) > 1 else parts[0]).tolist()
-        if any(v != 0 for v in counts):  # NaN counts (impossible) also raise
+        if any(counts):  # NaN counts (impossible) are true too, and raise
             ms = plan.checked_fused + [m for m, _ in single]
             order = {id(m): i for i, m in enumerate(group._members.values())}
             for m, v in sorted(zip(ms, counts), key=lambda t: order[id(t[0])]):
                 if v != 0:  # the first bad member (in member order) raises its own error, with its causes
                     m._checked_compute(m._states())
     vals = _values(plan, bufs)
+    if plan.in_order:
+        return vals
     members = group._members
     for name in plan.single:
         vals[name] = members[name].compute()
@@ -397,7 +408,7 @@ def fused_compute_to_host(group, keys: dict):
             seg[name] = (pos, shape)
             pos += math.prod(shape)
     if plan.families:
-        flat, blocks, _ = plan.indices(dev)
+        flat, blocks = plan.indices(dev)
         gathered = {k: bufs[k].index_select(0, i) for k, i in flat.items()}
         for e, b in zip(plan.families, blocks):
             g = {k: gathered[k][start : start + K * n].view(K, n) for k, (start, K, n) in b.items()}
@@ -415,9 +426,8 @@ def fused_compute_to_host(group, keys: dict):
         pos += v.numel()
         parts.append(v.reshape(-1))
     checks, tail = [], 0
-    bad = _fused_bad(plan, bufs)
-    if bad is not None:
-        c = _bad_matrix(plan, dev, causes=True) @ bad
+    c = _bad_counts(plan, bufs, causes=True)
+    if c is not None:
         parts.append(c)
         tail += c.numel()
         checks += [(m, list(c)) for m, c in zip(plan.checked_fused, plan.bad_causes)]
