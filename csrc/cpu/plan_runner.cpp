@@ -8,8 +8,9 @@
 // input. run(args, kwargs) checks the inputs against each signature in turn
 // and, on a match, calls every op through the c10 dispatcher (boxed), so a
 // group update costs one Python->C++ transition and no per-member Python.
-// It returns False (and touches nothing) when no signature matches: the
-// caller then takes the Python plan path. Device-agnostic host code: it lives
+// It returns the matched signature's index (in the order added), or -1 (and
+// touches nothing) when none matches: the caller then takes the Python plan
+// path. Device-agnostic host code: it lives
 // with the CPU sources because it is compiled by the host compiler.
 #include <torch/csrc/Dtype.h>
 #include <torch/csrc/autograd/python_variable.h>
@@ -157,13 +158,14 @@ class PlanRunner {
     sigs_.push_back(std::move(sig));
   }
 
-  // True when a signature matched and its ops ran; False: nothing was touched.
-  bool run(py::handle args, py::handle kwargs) {
+  // The index of the signature that matched and whose ops ran; -1: nothing was touched.
+  int64_t run(py::handle args, py::handle kwargs) {
     PyObject* a = args.ptr();
     PyObject* kw = kwargs.ptr();
     const Py_ssize_t na = PyTuple_GET_SIZE(a);
     const Py_ssize_t nk = kw == Py_None ? 0 : PyDict_GET_SIZE(kw);
-    for (auto& sig : sigs_) {
+    for (size_t si = 0; si < sigs_.size(); ++si) {
+      auto& sig = sigs_[si];
       if (static_cast<size_t>(na) != sig.nargs || static_cast<size_t>(nk) != sig.kwnames.size()) continue;
       PyObject* inputs[kMaxInputs];
       const size_t n = sig.checks.size();
@@ -176,9 +178,9 @@ class PlanRunner {
       }
       if (!ok) continue;
       for (auto& step : sig.steps) call(step, inputs);
-      return true;
+      return static_cast<int64_t>(si);
     }
-    return false;
+    return -1;
   }
 
   size_t size() const { return sigs_.size(); }

@@ -9,11 +9,11 @@ costs several times the kernels. When every step of a plan is a raw op call,
 metadata each input must have, and per op its argument stack (state views,
 constants) with the slots that take an input. The planned wrapper then calls
 ``runner.run(args, kwargs)`` first (only while the storage's local views are
-the ones it writes: a ``forward`` points the update at a scratch copy and
-takes the Python path): on a match it checks the inputs and
-calls every op through the c10 dispatcher in C++; otherwise (a new
-signature, a changed dtype...) it returns False and the Python plan path
-runs. Both paths make the same op calls on the same tensors, so their
+the ones it writes; inside a ``forward``, which points the update at a
+scratch copy of the state, ``on_scratch``'s copy of the runner bound to the
+scratch views): on a match it checks the inputs and calls every op through
+the c10 dispatcher in C++; otherwise (a new signature, a changed dtype...)
+it returns -1 and the Python plan path runs. Both paths make the same op calls on the same tensors, so their
 states are bit-identical (tests/core/test_compiled.py).
 
 A statistic opts in with ``compile_step(sample, state) -> OpStep | None``
@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["OpStep", "attach", "enabled", "runner_class"]
+__all__ = ["OpStep", "Runner", "attach", "on_scratch", "enabled", "runner_class"]
 
 #: how an op argument is made from an input (values of csrc/cpu/plan_runner.cpp's Source)
 SOURCES = {"as_is": 0, "flat": 1, "fill1": 2, "fill_like": 3}
@@ -111,9 +111,64 @@ def _lower(storage, plan, recorded, names: list, views: list) -> list | None:
     return steps
 
 
+class Runner:
+    """An owner's ``_C.PlanRunner`` with what it was built from: the state
+    views its ops write and, per signature in the order added, the ``add``
+    arguments and the statistics the plan updates (``PlanRunner.run``
+    returns the index of the signature it ran)."""
+
+    __slots__ = ("views", "runner", "adds", "stats", "scratch")
+
+    def __init__(self, views: list):
+        self.views, self.runner, self.adds, self.stats = views, runner_class()(), [], []
+        self.scratch = None  # (signatures, scratch views, Runner or None): on_scratch's cache
+
+    def add(self, spec: tuple, stats) -> None:
+        self.runner.add(*spec)
+        self.adds.append(spec)
+        self.stats.append(stats)
+
+
+def on_scratch(storage, entry: Runner) -> Runner | None:
+    """``entry``'s signatures with every state view among the op constants
+    replaced by the same view of the storage's forward scratch: forward's
+    update as one call into C++, the same ops on the scratch copy. Made once
+    per scratch and signature count; None when a constant tensor is not one
+    of the state views (that owner's forward keeps the Python plan)."""
+    key = (len(entry.adds), storage.scratch_views)
+    c = entry.scratch
+    if c is not None and c[0] == key[0] and c[1] is key[1]:
+        return c[2]
+    swap = {id(t): w[k] for v, w in zip(entry.views, storage.scratch_views) for k, t in v.items()}
+    out = Runner(storage.scratch_views)
+    for (nargs, kwnames, checks, steps), stats in zip(entry.adds, entry.stats):
+        moved = _moved(steps, swap)
+        if moved is None:
+            out = None
+            break
+        out.add((nargs, kwnames, checks, moved), stats)
+    entry.scratch = (key[0], key[1], out)
+    return out
+
+
+def _moved(steps: list, swap: dict) -> list | None:
+    """``steps`` with each tensor constant replaced by ``swap[id(tensor)]``; None if one is missing."""
+    out = []
+    for op, overload, consts, slots in steps:
+        cs = []
+        for pos, v in consts:
+            if isinstance(v, torch.Tensor):
+                v = swap.get(id(v))
+                if v is None:
+                    return None
+            cs.append((pos, v))
+        out.append((op, overload, cs, slots))
+    return out
+
+
 def attach(storage, owner: int, plan, recorded: list, args: tuple, kwargs: dict) -> None:
     """Adds ``plan`` (just built from ``recorded`` for this call's signature)
-    to ``owner``'s runner in ``storage.compiled`` (``(views, runner)``) when every step lowers."""
+    to ``owner``'s ``Runner`` in ``storage.compiled`` when every step lowers."""
     if torch.compiler.is_compiling() or plan is None or not hasattr(plan, "steps") or not enabled():
         return
     names = [None] * len(args) + list(kwargs)  # update input index -> keyword name
@@ -127,5 +182,5 @@ def attach(storage, owner: int, plan, recorded: list, args: tuple, kwargs: dict)
         return
     entry = storage.compiled.get(owner)
     if entry is None:
-        entry = storage.compiled[owner] = (views, runner_class()())
-    entry[1].add(len(args), list(kwargs), checks, steps)
+        entry = storage.compiled[owner] = Runner(views)
+    entry.add((len(args), list(kwargs), checks, steps), plan.stats)

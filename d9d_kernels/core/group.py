@@ -227,15 +227,16 @@ class MetricGroup(_GroupBase):
             st.run(on_state)
         keys = self._keys
         names = [m.__dict__["_name"] for m in targets if not m._forward_on_state]
-        if "batch" in FUSED:
+        if "batch" in FUSED:  # no value aliases the scratch
             vals = FUSED["batch"](self, names, views)
         else:
-            vals = {n: self._members[n]._compute_unchecked(self._members[n]._states(views)) for n in names}
+            vals = {n: detach_from(self._members[n]._compute_unchecked(self._members[n]._states(views)), st)
+                    for n in names}
         out = {}
         for m in targets:
             name = m.__dict__["_name"]
             out[keys[name]] = m._batch_value() if m._forward_on_state else vals[name]
-        return detach_from(out, st)
+        return out
 
     def compute(self) -> dict[str, torch.Tensor]:
         """``{key: tensor}`` (synced after ``wait_sync``, else local); keys

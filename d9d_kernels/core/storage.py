@@ -219,7 +219,7 @@ class Storage:
         self.fold_bufs: dict[tuple[int, int, int], list] = {}  # (snapshot, world, rank) -> sync.folded views
         self.world_ranks: dict[tuple, tuple[int, int]] = {}  # ctx.cache_key -> (world size, rank)
         self.plans: dict = {}  # d9d_kernels.core.plan: input signature -> Plan (buffers changed: start afresh)
-        self.compiled: dict = {}  # d9d_kernels.core.compiled: owner id -> (views, PlanRunner); same lifetime as plans
+        self.compiled: dict = {}  # d9d_kernels.core.compiled: owner id -> Runner; same lifetime as plans
         self.recording: list | None = None
         self.scratch: dict[str, torch.Tensor] | None = None  # forward's batch state, allocated at the first forward
         self.scratch_views: list[dict[str, torch.Tensor]] | None = None

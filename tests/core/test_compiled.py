@@ -94,7 +94,7 @@ def test_compiled_state_is_bit_identical_to_the_python_plan(monkeypatch, name):
     for k in KINDS:
         assert torch.equal(got[k], want[k]), f"{name}: {k} state differs"
     entry = fast._storage.compiled.get(id(fast))
-    runner = None if entry is None else entry[1]
+    runner = None if entry is None else entry.runner
     if lowers is True:
         assert runner is not None and len(runner) >= 1, f"{name}: compiled"
     elif lowers is False:
@@ -223,21 +223,31 @@ def test_torch_compile_traces_the_python_path():
         assert torch.equal(got[k], want[k]), k
 
 
-def test_forward_takes_the_python_path_and_equals_it(monkeypatch):
-    """forward() points the update at a scratch copy: the runner (which writes
-    the local state) must not run there; values and state equal the Python plan's."""
-    def run(g):
+def test_forward_runs_the_scratch_runner_and_equals_the_python_plan(monkeypatch):
+    """forward() points the update at a scratch copy: the state's runner must
+    not run there, its copy bound to the scratch views (compiled.on_scratch)
+    does, with no Python plan; batch values and state equal the Python plan's."""
+    def run(g, steps=range(4)):
         outs = []
-        for s in range(4):
+        for s in steps:
             b = _batch(s)
             g["loss"].update(values=b["v0"], weights=b["w0"])
             g.update(preds=b["logits"], target=b["labels"])
             outs.append(g(preds=b["logits"], target=b["labels"]))
+            outs.append({"loss": g["loss"](values=b["v0"], weights=b["w0"])})
         return outs
 
     g = _group()
-    got = run(g)
+    got = run(g, range(2))
     assert id(g) in g._storage.compiled
+    assert compiled.on_scratch(g._storage, g._storage.compiled[id(g)]) is not None
+
+    def boom(*a, **k):
+        raise AssertionError("the Python plan path ran")
+
+    with monkeypatch.context() as mp:
+        mp.setattr(plan.Plan, "run", boom)
+        got += run(g, range(2, 4))
     monkeypatch.setenv("D9D_KERNELS_COMPILED", "0")
     ref = _group()
     want = run(ref)

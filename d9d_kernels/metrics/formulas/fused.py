@@ -454,12 +454,18 @@ def fused_compute_to_host(group, keys: dict):
 
 
 def fused_batch_values(group, names: list[str], views) -> dict[str, torch.Tensor]:
-    """``{name: value}`` of members ``names`` on forward's scratch buffers
-    (``views``: the scratch views, for members of no family); no checks, no host read."""
-    plan = _plan(group)
-    vals = _values(plan, group._storage.scratch)
+    """``{name: value}`` of members ``names`` (and of any other fused member)
+    on forward's scratch buffers (``views``: the scratch views, for members of
+    no family); no checks, no host read. No value is a view of the scratch,
+    which the next forward overwrites: the fused ones are new tensors, the
+    others are cloned where they alias it."""
+    st = group._storage
+    vals = _values(_plan(group), st.scratch)
     members = group._members
-    return {n: vals[n] if n in vals else members[n]._compute_unchecked(members[n]._states(views)) for n in names}
+    for n in names:
+        if n not in vals:
+            vals[n] = core_metric.detach_from(members[n]._compute_unchecked(members[n]._states(views)), st)
+    return vals
 
 
 def member_value(m, bufs) -> torch.Tensor | None:
