@@ -83,6 +83,7 @@ class MetricGroup(_GroupBase):
         d["_device"] = torch.device(device)
         d["_label"] = "MetricGroup"
         d["_sig_cache"] = {}
+        d["_forward_cache"] = {}  # input names -> (members valued from the scratch, any member on the state)
         d["_sigs"] = {name: update_signature(m) for name, m in metrics.items()}
         d["prefix"] = prefix
         d["postfix"] = postfix
@@ -206,8 +207,14 @@ class MetricGroup(_GroupBase):
         if args:
             inputs = self._name_positional(args, inputs)
         st = self._storage
-        targets = self._targets(frozenset(inputs))
-        if any(m._forward_on_state for m in targets):
+        key = frozenset(inputs)
+        targets = self._targets(key)
+        hit = self._forward_cache.get(key)
+        if hit is None:  # members whose value comes from the scratch, and whether any reads the state
+            hit = self._forward_cache[key] = ([m.__dict__["_name"] for m in targets if not m._forward_on_state],
+                                              any(m._forward_on_state for m in targets))
+        names, any_on_state = hit
+        if any_on_state:
             # every member's checks first; their updates run on the state after the scratch fold
             collected = self._collect(inputs, targets)
             scratch = self._items([(m, p) for m, p in collected if not m._forward_on_state])
@@ -226,7 +233,6 @@ class MetricGroup(_GroupBase):
         if on_state:
             st.run(on_state)
         keys = self._keys
-        names = [m.__dict__["_name"] for m in targets if not m._forward_on_state]
         if "batch" in FUSED:  # no value aliases the scratch
             vals = FUSED["batch"](self, names, views)
         else:

@@ -775,7 +775,7 @@ def detach_from(value, st: Storage):
     scratch buffers cloned: the next forward overwrites the scratch."""
     if st.scratch is None:
         return value
-    ptrs = {b.untyped_storage().data_ptr() for b in st.scratch.values()}
+    ptrs = st.scratch_ptrs
     if isinstance(value, dict):
         return {k: _detached(v, ptrs) for k, v in value.items()}
     return _detached(value, ptrs)

@@ -223,6 +223,7 @@ class Storage:
         self.recording: list | None = None
         self.scratch: dict[str, torch.Tensor] | None = None  # forward's batch state, allocated at the first forward
         self.scratch_views: list[dict[str, torch.Tensor]] | None = None
+        self.scratch_ptrs: set = set()  # the scratch buffers' data pointers (core.metric.detach_from)
         self.scratch_dirty: tuple = ()  # ranges the last forward wrote (re-filled at the next)
         self.saved_views: list | None = None  # local views while a forward runs on the scratch
         self.touched: set | None = None  # statistics run during a forward
@@ -291,6 +292,7 @@ class Storage:
                     "compute() instead"
                 ) from None
             self.scratch = sc
+            self.scratch_ptrs = {b.untyped_storage().data_ptr() for b in sc.values()}
             with torch.inference_mode(False):
                 self.scratch_views = [self.layout.views(sc, j) for j in range(len(self.layout.stats))]
         else:
