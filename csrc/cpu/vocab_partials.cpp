@@ -1,7 +1,7 @@
-// vocab_partials on CPU: the per-row partials of one tensor-parallel rank's
-// vocabulary shard x [N, size] (vocabulary columns [start, start + size)),
-// which d9d_kernels/metrics/vocab_parallel.py gathers over the tp ranks and
-// combines. Row i of out [N, P] (float64, P = 2 + sumexp + 2 * kmax):
+// The vocab-parallel partials on CPU (d9d_kernels/metrics/vocab_parallel.py).
+// vocab_partials: per row of one tensor-parallel rank's vocabulary shard
+// x [N, size] (vocabulary columns [start, start + size)), row i of
+// out [N, P] (float64, P = 2 + sumexp + 2 * kmax):
 //   max, target logit (-Inf when the target is not in the shard),
 //   [Σ exp(x - max)], kmax values best first, their kmax global indices,
 // with ties to the lower index and -Inf / kPast padding where the shard has
@@ -10,8 +10,9 @@
 // and its first columns as top-k (another rank may hold finite scores).
 // One read of each row from memory: it is converted to float once
 // (bfloat16/float16) and scanned from cache by topk_scan and the exp pass.
-// Specification: vocab_parallel._local_partials (torch ops, the fallback
-// where this op does not run). Internal, not one of the public ops.
+// vocab_combine (below): the tp ranks' gathered partials combined per row.
+// Specification: vocab_parallel._local_partials and vocab_rows (torch ops,
+// the fallback where these ops do not run). Internal, not public ops.
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -138,7 +139,91 @@ void vocab_partials_cpu(const at::Tensor& x, const at::Tensor& target, int64_t s
   });
 }
 
+// max(a, b) as torch.amax takes it: NaN if either is.
+inline double max_nan(double a, double b) {
+  return a != a || b != b ? std::numeric_limits<double>::quiet_NaN() : (b > a ? b : a);
+}
+
+// vocab_combine: the tp ranks' gathered partials g [W, N, P] (rows as
+// vocab_partials writes them) combined per row: row_max = max over ranks
+// (NaN propagates), target_logit = max over ranks (-Inf but on the target's
+// rank), lse = M + log Σ_r s_r exp(m_r - M) (M the row max, 0 if not finite)
+// when sumexp, top = the kmax best global indices of the merged lists by
+// (value desc, index asc). Each rank's list is already in that order and
+// the ranks' columns are disjoint, so a W-way merge of the list heads gives
+// the order torch's two stable sorts give (vocab_parallel.vocab_rows).
+// Rows without a finite max are bad once combined: their top is 0.
+void vocab_combine_cpu(const at::Tensor& g, int64_t kmax, bool sumexp, const at::Tensor& row_max,
+                       const at::Tensor& lse, const at::Tensor& target_logit, const at::Tensor& top) {
+  const char* op = "vocab_combine";
+  const int64_t P = 2 + int64_t(sumexp) + 2 * kmax;
+  D9D_CHECK(kmax >= 0 && kmax <= kTopKBuffer, op, "kmax", "must be in [0, ", kTopKBuffer, "], got ", kmax);
+  D9D_CHECK_TYPE(g.scalar_type() == at::kDouble, op, "g", "must be float64, got ", g.scalar_type());
+  D9D_CHECK(g.dim() == 3 && g.size(0) >= 1 && g.size(2) == P && g.is_contiguous(), op, "g",
+            "must be a contiguous [W >= 1, N, ", P, "], got shape ", g.sizes());
+  const int64_t W = g.size(0), n = g.size(1);
+  check_state(op, "row_max", row_max, {n}, g.device());
+  check_state(op, "lse", lse, {sumexp ? n : 0}, g.device());
+  check_state(op, "target_logit", target_logit, {n}, g.device());
+  check_index(op, "top", top);
+  D9D_CHECK(top.sizes() == at::IntArrayRef({n, kmax}) && top.is_contiguous(), op, "top",
+            "must be a contiguous int64 [", n, ", ", kmax, "], got shape ", top.sizes());
+  check_device(op, "top", top, g.device());
+  const double* p = g.data_ptr<double>();
+  double *M = row_max.data_ptr<double>(), *L = lse.data_ptr<double>(), *T = target_logit.data_ptr<double>();
+  int64_t* K = top.data_ptr<int64_t>();
+  const int c = 2 + int(sumexp);
+  at::parallel_for(0, n, 4096, [&](int64_t b, int64_t e) {
+    std::vector<int64_t> head(W);
+    for (int64_t i = b; i < e; ++i) {
+      double m = -std::numeric_limits<double>::infinity(), t = m;
+      for (int64_t r = 0; r < W; ++r) {
+        const double* q = p + (r * n + i) * P;
+        m = max_nan(m, q[0]);
+        t = max_nan(t, q[1]);
+      }
+      M[i] = m;
+      T[i] = t;
+      const bool finite = m - m == 0.0;
+      if (sumexp) {
+        const double ms = finite ? m : 0.0;
+        double s = 0.0;
+        for (int64_t r = 0; r < W; ++r) {
+          const double* q = p + (r * n + i) * P;
+          s += q[2] * std::exp(q[0] - ms);
+        }
+        L[i] = ms + std::log(s);
+      }
+      int64_t* out = K + i * kmax;
+      if (!finite) {
+        std::fill(out, out + kmax, int64_t(0));
+        continue;
+      }
+      std::fill(head.begin(), head.end(), int64_t(0));
+      for (int64_t j = 0; j < kmax; ++j) {
+        int64_t best = -1;
+        double bv = 0.0, bi = 0.0;
+        for (int64_t r = 0; r < W; ++r) {
+          if (head[r] == kmax) continue;
+          const double* q = p + (r * n + i) * P + c;
+          const double v = q[head[r]], ix = q[kmax + head[r]];
+          if (best < 0 || v > bv || (v == bv && ix < bi)) {
+            best = r;
+            bv = v;
+            bi = ix;
+          }
+        }
+        out[j] = static_cast<int64_t>(bi);
+        ++head[best];
+      }
+    }
+  });
+}
+
 }  // namespace
 }  // namespace d9d
 
-TORCH_LIBRARY_IMPL(d9d_kernels, CPU, m) { m.impl("vocab_partials", &d9d::vocab_partials_cpu); }
+TORCH_LIBRARY_IMPL(d9d_kernels, CPU, m) {
+  m.impl("vocab_partials", &d9d::vocab_partials_cpu);
+  m.impl("vocab_combine", &d9d::vocab_combine_cpu);
+}

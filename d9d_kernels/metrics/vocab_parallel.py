@@ -17,8 +17,9 @@ members) takes such a shard:
 2. ONE ``all_gather`` over the tp context of a ``[N, P]`` float64 buffer of
    these partials per update;
 3. every tp rank combines the gathered partials identically (global max,
-   logsumexp, target logit, merged top-k) and writes the same state as the
-   unsharded update would (valid / ignored / bad counts, NaN / +Inf / all
+   logsumexp, target logit, merged top-k; on CPU the compiled
+   ``vocab_combine``, elsewhere torch ops, ``_combine``) and writes the same
+   state as the unsharded update would (valid / ignored / bad counts, NaN / +Inf / all
    -Inf rows, ``mask`` and ``ignore_index``, tie rules).
 
 The tp ranks so hold replicas of the state: sync the metric over the data
@@ -39,8 +40,8 @@ from typing import Any
 
 import torch
 
-from d9d_kernels import ops
 from d9d_kernels.metrics import _args as A
+from d9d_kernels.ops.vocab_partials import vocab_combine, vocab_partials
 from d9d_kernels.reference import add_bad
 from d9d_kernels.distributed import DistributedContext, as_context
 
@@ -276,7 +277,7 @@ def vocab_rows(x: torch.Tensor, t: torch.Tensor, split: VocabSplit, kmax: int, s
     all-gather over the tp context, and their combination."""
     n = x.shape[0]
     P = 2 + int(sumexp) + 2 * kmax
-    buf = ops.vocab_partials(x, t, split.start, kmax, sumexp)
+    buf = vocab_partials(x, t, split.start, kmax, sumexp)
     if buf is None:
         buf = torch.empty(n, P, dtype=torch.float64, device=x.device)
         step = max(1, CHUNK_SCORES // max(1, x.shape[1]))
@@ -290,6 +291,13 @@ def vocab_rows(x: torch.Tensor, t: torch.Tensor, split: VocabSplit, kmax: int, s
     W = split.ctx.world_size
     g = torch.empty(W, n, P, dtype=torch.float64, device=x.device)
     split.ctx.all_gather_into_tensor(g, buf).wait()
+    done = vocab_combine(g, kmax, sumexp)
+    return VocabRows(*done) if done is not None else _combine(g, n, W, kmax, sumexp)
+
+
+def _combine(g: torch.Tensor, n: int, W: int, kmax: int, sumexp: bool) -> VocabRows:
+    """The gathered partials ``g`` ``[W, n, P]`` combined per row with torch
+    ops (the specification of ``ops.vocab_combine``, and where it cannot run)."""
     m_r = g[:, :, 0]
     M = m_r.amax(0)
     target_logit = g[:, :, 1].amax(0)  # -inf on every rank but the target's

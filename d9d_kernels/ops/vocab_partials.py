@@ -1,4 +1,4 @@
-"""vocab_partials: the per-row partials of one rank's vocab-parallel shard.
+"""vocab_partials / vocab_combine: the per-row partials of one rank's vocab-parallel shard, and their combination.
 
 For logits ``x`` ``[N, size]`` holding the vocabulary columns ``[start, start
 + size)`` and targets ``[N]`` (global ids), row i of the result (float64
@@ -10,8 +10,13 @@ kmax). A row with a NaN or +Inf has a NaN or +Inf max. One pass over the shard i
 own dtype (csrc/cpu/vocab_partials.cpp); the torch-ops specification is
 ``d9d_kernels.metrics.vocab_parallel._local_partials``.
 
-An internal op, compiled for CPU only and not one of ``OPS``: where it cannot
-run, ``vocab_partials`` returns None and the caller uses torch ops.
+``vocab_combine`` combines the tp ranks' gathered partials ``[W, N, P]``
+per row: the row max, the logsumexp, the target's logit and the best ``kmax``
+global indices of the merged lists (the torch-ops specification is
+``vocab_parallel.vocab_rows``).
+
+Internal ops, compiled for CPU only and not in ``OPS``: where they cannot
+run, these functions return None and the caller uses torch ops.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import torch
 from d9d_kernels import _extension
 
 AVAILABLE: bool = _extension.CPP_ERROR is None and _extension._has_kernel("vocab_partials", "CPU")
+COMBINE: bool = _extension.CPP_ERROR is None and _extension._has_kernel("vocab_combine", "CPU")
 #: the largest kmax the op's per-row buffer holds (kTopKBuffer)
 MAX_K = 64
 
@@ -39,3 +45,17 @@ def vocab_partials(x: torch.Tensor, target: torch.Tensor, start: int, kmax: int,
     out = torch.empty(x.shape[0], 2 + int(sumexp) + 2 * kmax, dtype=torch.float64, device=x.device)
     torch.ops.d9d_kernels.vocab_partials(x, target, start, kmax, sumexp, out)
     return out
+
+
+def vocab_combine(g: torch.Tensor, kmax: int, sumexp: bool):
+    """``(row_max, lse or None, target_logit, top)`` of the gathered partials
+    ``g`` float64 ``[W, N, P]``: float64 ``[N]`` each and int64 ``[N, kmax]``.
+    None where the compiled op cannot run (not CPU, no extension, tracing)."""
+    if not (COMBINE and g.device.type == "cpu" and kmax <= MAX_K and not torch.compiler.is_compiling()):
+        return None
+    n = g.shape[1]
+    f = dict(dtype=torch.float64, device=g.device)
+    row_max, lse, target_logit = torch.empty(n, **f), torch.empty(n if sumexp else 0, **f), torch.empty(n, **f)
+    top = torch.empty(n, kmax, dtype=torch.int64, device=g.device)
+    torch.ops.d9d_kernels.vocab_combine(g.contiguous(), kmax, sumexp, row_max, lse, target_logit, top)
+    return row_max, (lse if sumexp else None), target_logit, top

@@ -337,6 +337,47 @@ def test_shard_partials_of_wide_and_bad_rows(monkeypatch, impl, dtype):
             assert torch.equal(out[rows, 3 + kmax : 3 + kmax + kk], want.indices[rows, :kk].double() + 7)
 
 
+@pytest.mark.parametrize("W", [1, 2, 3, 5])
+def test_combine_op_equals_the_torch_combine(W):
+    """The compiled combine of gathered partials (a W-way merge) against the
+    torch specification (two stable sorts): same row max, target logit and
+    top-k indices, lse to float64 rounding; shards of uneven widths, some
+    narrower than k, ties across shard borders, -inf masks, all -inf / NaN /
+    +Inf rows."""
+    from d9d_kernels.metrics import vocab_parallel as vp
+
+    op = importlib.import_module("d9d_kernels.ops.vocab_partials")
+    if not op.COMBINE:
+        pytest.skip("d9d_kernels._C without vocab_combine")
+    g = torch.Generator().manual_seed(W)
+    Vw, n = 97, 64
+    x = torch.randint(-3, 4, (n, Vw), generator=g).double()
+    x[torch.rand(n, Vw, generator=g) < 0.3] = float("-inf")
+    x[32:] = torch.randn(n - 32, Vw, generator=g).double()
+    x[0] = float("-inf")
+    x[1, 5] = float("nan")
+    x[2, -1] = float("inf")
+    t = torch.randint(0, Vw, (n,), generator=g)
+    cuts = sorted(torch.randperm(Vw - 1, generator=g)[: W - 1].add(1).tolist())
+    bounds = list(zip([0] + cuts, cuts + [Vw]))
+    for kmax in (0, 1, 5, 7):
+        for sumexp in (False, True):
+            parts = torch.stack([vp._local_partials(x[:, a:b].float(), t, a, kmax, sumexp) for a, b in bounds])
+            got = op.vocab_combine(parts, kmax, sumexp)
+            want = vp._combine(parts, n, W, kmax, sumexp)
+            assert torch.equal(got[0].nan_to_num(), want.row_max.nan_to_num())
+            assert torch.equal(got[2].nan_to_num(), want.target_logit.nan_to_num())
+            ok = torch.isfinite(want.row_max)
+            if sumexp:
+                torch.testing.assert_close(got[1][ok], want.lse[ok], rtol=1e-12, atol=0)
+                torch.testing.assert_close(got[1][ok], torch.logsumexp(x[ok], 1), rtol=1e-6, atol=0)
+            if kmax:
+                assert torch.equal(got[3][ok], want.top[ok]), (kmax, sumexp)
+                ref = torch.sort(x[ok], dim=1, descending=True, stable=True).indices[:, :kmax]
+                assert torch.equal(got[3][ok], ref)
+            assert not ok[:3].any() and ok[3:].all()
+
+
 def test_vocab_partials_op_argument_errors():
     op = importlib.import_module("d9d_kernels.ops.vocab_partials")
 
