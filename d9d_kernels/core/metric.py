@@ -304,15 +304,15 @@ class Metric(metaclass=_MetricMeta):
             views = st.current_views()
         scratch = views is st.scratch_views
         if scratch:  # forward's scratch views live as long as the storage: their states are made once
-            hit = self.__dict__.get("_scratch_states")
-            if hit is not None and hit[0] is views:
-                return dict(hit[1])
+            hit = st.scratch_states.get(id(self))
+            if hit is not None:
+                return dict(hit)
         out = {}
         for name, stat in self._stats().items():
             j = self._stat_map[name]
             out[name] = st.layout.stats[j].view(views[j], stat)
         if scratch:
-            self.__dict__["_scratch_states"] = (views, out)
+            st.scratch_states[id(self)] = out
             return dict(out)
         return out
 

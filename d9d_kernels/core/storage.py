@@ -224,6 +224,7 @@ class Storage:
         self.scratch: dict[str, torch.Tensor] | None = None  # forward's batch state, allocated at the first forward
         self.scratch_views: list[dict[str, torch.Tensor]] | None = None
         self.scratch_ptrs: set = set()  # the scratch buffers' data pointers (core.metric.detach_from)
+        self.scratch_states: dict = {}  # metric id -> its states on the scratch views (Metric._states)
         self.scratch_dirty: tuple = ()  # ranges the last forward wrote (re-filled at the next)
         self.saved_views: list | None = None  # local views while a forward runs on the scratch
         self.touched: set | None = None  # statistics run during a forward

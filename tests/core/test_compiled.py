@@ -257,3 +257,29 @@ def test_forward_runs_the_scratch_runner_and_equals_the_python_plan(monkeypatch)
     a, b = _bits(g._storage), _bits(ref._storage)
     for k in KINDS:
         assert torch.equal(a[k], b[k]), k
+
+
+def test_scratch_runner_not_made_when_a_constant_is_not_a_state_view(monkeypatch):
+    """A compiled step whose op constants include a tensor that is not one of
+    the state views cannot be moved to the scratch: forward keeps the Python
+    plan for that owner and still equals it."""
+    m = dk.WeightedMeanMetric()
+    b = _batch(0)
+    m.update(values=b["v0"], weights=b["w0"])
+    m(values=b["v0"], weights=b["w0"])  # allocates the scratch
+    st = m._storage
+    entry = st.compiled[id(m)]
+    nargs, kwnames, checks, steps = entry.adds[0]
+    op, overload, consts, slots = steps[0]
+    foreign = [(pos, v.clone() if isinstance(v, torch.Tensor) else v) for pos, v in consts]
+    entry.adds[0] = (nargs, kwnames, checks, [(op, overload, foreign, slots)])
+    entry.scratch = None
+    assert compiled.on_scratch(st, entry) is None
+    ref = dk.WeightedMeanMetric()
+    ref.update(values=b["v0"], weights=b["w0"])
+    ref(values=b["v0"], weights=b["w0"])
+    for s in range(1, 4):
+        bs = _batch(s)
+        torch.testing.assert_close(m(values=bs["v0"], weights=bs["w0"]), ref(values=bs["v0"], weights=bs["w0"]),
+                                   rtol=0, atol=0)
+    torch.testing.assert_close(m.compute(), ref.compute(), rtol=0, atol=0)
