@@ -13,8 +13,9 @@ the ones it writes; inside a ``forward``, which points the update at a
 scratch copy of the state, ``on_scratch``'s copy of the runner bound to the
 scratch views): on a match it checks the inputs and calls every op through
 the c10 dispatcher in C++; otherwise (a new signature, a changed dtype...)
-it returns -1 and the Python plan path runs. Both paths make the same op calls on the same tensors, so their
-states are bit-identical (tests/core/test_compiled.py).
+it returns -1 and the Python plan path runs. Both paths make the same op
+calls on the same tensors, so their states are bit-identical
+(tests/core/test_compiled.py).
 
 A statistic opts in with ``compile_step(sample, state) -> OpStep | None``
 (None: keep the Python plan), the lowered form of its ``bind``.
