@@ -10,8 +10,8 @@
 // group update costs one Python->C++ transition and no per-member Python.
 // It returns the matched signature's index (in the order added), or -1 (and
 // touches nothing) when none matches: the caller then takes the Python plan
-// path. Device-agnostic host code: it lives
-// with the CPU sources because it is compiled by the host compiler.
+// path. Device-agnostic host code: it lives with the CPU sources because it
+// is compiled by the host compiler.
 #include <torch/csrc/Dtype.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/jit/python/pybind_utils.h>

@@ -11,7 +11,7 @@
 // One read of each row from memory: it is converted to float once
 // (bfloat16/float16) and scanned from cache by topk_scan and the exp pass.
 // vocab_combine (below): the tp ranks' gathered partials combined per row.
-// Specification: vocab_parallel._local_partials and vocab_rows (torch ops,
+// Specification: vocab_parallel._local_partials and _combine (torch ops,
 // the fallback where these ops do not run). Internal, not public ops.
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
@@ -57,7 +57,7 @@ V max_or_nan(const T* x, int64_t C) {
   V m = -std::numeric_limits<V>::infinity();
   for (int64_t j = 0; j < C; ++j) {
     const V v = static_cast<V>(x[j]);
-    if (v != v) return v;
+    if (is_nan(v)) return v;
     m = v > m ? v : m;
   }
   return m;
@@ -141,7 +141,7 @@ void vocab_partials_cpu(const at::Tensor& x, const at::Tensor& target, int64_t s
 
 // max(a, b) as torch.amax takes it: NaN if either is.
 inline double max_nan(double a, double b) {
-  return a != a || b != b ? std::numeric_limits<double>::quiet_NaN() : (b > a ? b : a);
+  return is_nan(a) || is_nan(b) ? std::numeric_limits<double>::quiet_NaN() : (b > a ? b : a);
 }
 
 // vocab_combine: the tp ranks' gathered partials g [W, N, P] (rows as
@@ -151,7 +151,7 @@ inline double max_nan(double a, double b) {
 // when sumexp, top = the kmax best global indices of the merged lists by
 // (value desc, index asc). Each rank's list is already in that order and
 // the ranks' columns are disjoint, so a W-way merge of the list heads gives
-// the order torch's two stable sorts give (vocab_parallel.vocab_rows).
+// the order torch's two stable sorts give (vocab_parallel._combine).
 // Rows without a finite max are bad once combined: their top is 0.
 void vocab_combine_cpu(const at::Tensor& g, int64_t kmax, bool sumexp, const at::Tensor& row_max,
                        const at::Tensor& lse, const at::Tensor& target_logit, const at::Tensor& top) {

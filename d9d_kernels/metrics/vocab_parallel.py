@@ -19,8 +19,8 @@ members) takes such a shard:
 3. every tp rank combines the gathered partials identically (global max,
    logsumexp, target logit, merged top-k; on CPU the compiled
    ``vocab_combine``, elsewhere torch ops, ``_combine``) and writes the same
-   state as the unsharded update would (valid / ignored / bad counts, NaN / +Inf / all
-   -Inf rows, ``mask`` and ``ignore_index``, tie rules).
+   state as the unsharded update would (valid / ignored / bad counts, NaN /
+   +Inf / all -Inf rows, ``mask`` and ``ignore_index``, tie rules).
 
 The tp ranks so hold replicas of the state: sync the metric over the data
 parallel dims only (``DistributedContext.from_mesh(mesh, dims=("dp",))``),
@@ -276,23 +276,29 @@ def vocab_rows(x: torch.Tensor, t: torch.Tensor, split: VocabSplit, kmax: int, s
     """Partials of the shard ``x`` ``[N, size]`` (targets ``t`` ``[N]``), ONE
     all-gather over the tp context, and their combination."""
     n = x.shape[0]
-    P = 2 + int(sumexp) + 2 * kmax
     buf = vocab_partials(x, t, split.start, kmax, sumexp)
     if buf is None:
-        buf = torch.empty(n, P, dtype=torch.float64, device=x.device)
-        step = max(1, CHUNK_SCORES // max(1, x.shape[1]))
-        acc = torch.float64 if x.dtype == torch.float64 else torch.float32
-        need = sumexp or x.dtype != acc
-        scratch = torch.empty(min(step, n), x.shape[1], dtype=acc, device=x.device) if need else None
-        for i in range(0, n, step):
-            rows = min(step, n - i)
-            buf[i : i + rows] = _local_partials(x[i : i + rows], t[i : i + rows], split.start, kmax, sumexp,
-                                                None if scratch is None else scratch[:rows])
+        buf = _chunked_partials(x, t, split.start, kmax, sumexp)
     W = split.ctx.world_size
-    g = torch.empty(W, n, P, dtype=torch.float64, device=x.device)
+    g = torch.empty(W, *buf.shape, dtype=torch.float64, device=x.device)
     split.ctx.all_gather_into_tensor(g, buf).wait()
     done = vocab_combine(g, kmax, sumexp)
     return VocabRows(*done) if done is not None else _combine(g, n, W, kmax, sumexp)
+
+
+def _chunked_partials(x: torch.Tensor, t: torch.Tensor, start: int, kmax: int, sumexp: bool) -> torch.Tensor:
+    """``_local_partials`` of ``x`` in blocks of rows sharing one scratch (where ``ops.vocab_partials`` cannot run)."""
+    n = x.shape[0]
+    buf = torch.empty(n, 2 + int(sumexp) + 2 * kmax, dtype=torch.float64, device=x.device)
+    step = max(1, CHUNK_SCORES // max(1, x.shape[1]))
+    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    need = sumexp or x.dtype != acc
+    scratch = torch.empty(min(step, n), x.shape[1], dtype=acc, device=x.device) if need else None
+    for i in range(0, n, step):
+        rows = min(step, n - i)
+        buf[i : i + rows] = _local_partials(x[i : i + rows], t[i : i + rows], start, kmax, sumexp,
+                                            None if scratch is None else scratch[:rows])
+    return buf
 
 
 def _combine(g: torch.Tensor, n: int, W: int, kmax: int, sumexp: bool) -> VocabRows:

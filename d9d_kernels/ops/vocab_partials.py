@@ -1,4 +1,4 @@
-"""vocab_partials / vocab_combine: the per-row partials of one rank's vocab-parallel shard, and their combination.
+"""The vocab-parallel partials: ``vocab_partials`` of one rank's shard, ``vocab_combine`` of all ranks'.
 
 For logits ``x`` ``[N, size]`` holding the vocabulary columns ``[start, start
 + size)`` and targets ``[N]`` (global ids), row i of the result (float64
@@ -6,14 +6,14 @@ For logits ``x`` ``[N, size]`` holding the vocabulary columns ``[start, start
 when the target is not in the shard), ``Σ exp(x - max)`` when ``sumexp``, the
 shard's best ``kmax`` values and their global indices (ties: lower index
 first; -inf and ``vocab_parallel.PAST`` where the shard is narrower than
-kmax). A row with a NaN or +Inf has a NaN or +Inf max. One pass over the shard in its
-own dtype (csrc/cpu/vocab_partials.cpp); the torch-ops specification is
-``d9d_kernels.metrics.vocab_parallel._local_partials``.
+kmax). A row with a NaN or +Inf has a NaN or +Inf max. One pass over the
+shard in its own dtype (csrc/cpu/vocab_partials.cpp); the torch-ops
+specification is ``d9d_kernels.metrics.vocab_parallel._local_partials``.
 
 ``vocab_combine`` combines the tp ranks' gathered partials ``[W, N, P]``
 per row: the row max, the logsumexp, the target's logit and the best ``kmax``
 global indices of the merged lists (the torch-ops specification is
-``vocab_parallel.vocab_rows``).
+``vocab_parallel._combine``).
 
 Internal ops, compiled for CPU only and not in ``OPS``: where they cannot
 run, these functions return None and the caller uses torch ops.

@@ -228,6 +228,25 @@ def test_bad_split_raises_value_error_on_every_rank(world, case):
             assert case in msg and "do not tile the vocabulary" in msg
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_torch_partials_and_combine_path_equals_unsharded(monkeypatch, dtype):
+    """Where the compiled passes cannot run (CUDA, no extension), the torch
+    partials in row blocks (CHUNK_SCORES small: several blocks) and the torch
+    combine write the unsharded state, dirty rows included."""
+    from d9d_kernels.metrics import vocab_parallel as vp
+
+    monkeypatch.setattr(vp, "vocab_partials", lambda *a: None)
+    monkeypatch.setattr(vp, "vocab_combine", lambda *a: None)
+    monkeypatch.setattr(vp, "CHUNK_SCORES", 7 * V)
+    local = dk.VocabShard(0, V, dk.DistributedContext.local())
+    a, b = _metrics(), _metrics()
+    for seed in (1, 2):
+        x, t, mask = _batch(seed, dtype, dirty=True)
+        _feed(a, x, t, mask)
+        _feed(b, x, t, mask, local)
+    _assert_same_state(_states(b), _states(a))
+
+
 def test_local_shard_and_argument_errors():
     x, t, mask = _batch(3, torch.float32)
     local = dk.VocabShard(0, V, dk.DistributedContext.local())
