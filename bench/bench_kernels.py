@@ -126,7 +126,7 @@ def plan_cuda(quick: bool):
     out += [("score_histogram", n, B) for n in ns for B in (1000, 10_000)]
     for C in (10, 1000):
         out += [("class_stats_indices", n, C) for n in ns]
-    logits = [(4096, 32000)] if quick else [(16384, 1000), (4096, 32000), (3, 50257), (16384, 128000)]
+    logits = [(4096, 32000), (16384, 128000)] if quick else [(16384, 1000), (4096, 32000), (3, 50257), (16384, 128000)]
     out += [("class_stats_logits", n, c) for n, c in logits]
     return out
 
