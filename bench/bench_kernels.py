@@ -152,6 +152,8 @@ def parse(argv=None):
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--out", default=None, help="CSV path (default bench/results/bench_kernels[_cuda].csv)")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    p.add_argument("--skip", nargs="*", default=[], choices=list(CASES), help="cases left out (bench/cuda_probe.py "
+                   "names those that fault)")
     return p.parse_args(argv)
 
 
@@ -220,7 +222,8 @@ def main_cuda(a, quick: bool) -> int:
         rows.append(harness.row(BENCH, op=op, provider=provider, shape=shape, dtype=dtype, device="cuda", stats=st))
         table.append((op, shape, provider, st.p50 * 1e6, in_bytes))
 
-    for case, make in CASES.items():  # per-call overhead (launch + wrapper) at N=1
+    cases = {k: v for k, v in CASES.items() if k not in a.skip}
+    for case, make in cases.items():  # per-call overhead (launch + wrapper) at N=1
         C = 10 if case.startswith("class_stats") or case == "score_histogram" else 0
         run, raw, _, _ = make(1, C)
         shape = f"N=1,C={C}"
@@ -230,6 +233,8 @@ def main_cuda(a, quick: bool) -> int:
             record(case, b, shape, "float32", harness.measure(lambda: run(b), timing, sync))
 
     for case, n, C in plan_cuda(quick):
+        if case in a.skip:
+            continue
         run, _, in_bytes, ref_bytes = CASES[case](n, C)
         shape = f"N={n},C={C}"
         dtype = "bfloat16" if case == "class_stats_logits" and C >= 100_000 else "float32"

@@ -4,7 +4,9 @@
 # benchmarks. Every step gets a share of one deadline so the call always ends
 # with its logs. Results go to $OUT (at most 8 files come back):
 #   log.txt, bench_kernels_cuda.{csv,png}, bench_update_cuda.{csv,png},
-#   update_host_syncs.jsonl, _C.so (to reuse in a second call: D9D_PREBUILT).
+#   update_host_syncs.jsonl, _C.so (debug info stripped; to reuse in a second
+#   call: D9D_PREBUILT). bench/cuda_probe.py first names the cases whose
+#   kernels fault, and bench_kernels leaves them out.
 #
 #   bash bench/device_run.sh [deadline seconds, default 540]
 set -u
@@ -40,7 +42,7 @@ else
   rm -f d9d_kernels/_C*.so
   export TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=16 D9D_KERNELS_BUILD_CUDA=1
   step build 300 $PY setup.py -q build_ext --inplace || { tail -60 "$LOG"; exit 1; }
-  cp d9d_kernels/_C*.so "$OUT/" 2>/dev/null
+  strip --strip-debug -o "$OUT/_C.so" d9d_kernels/_C*.so 2>/dev/null
 fi
 $PY -c "import d9d_kernels as dk, torch; print('backends', dk.ops.backends(), torch.cuda.get_device_name())" >>"$LOG" 2>&1
 
@@ -48,7 +50,9 @@ step gpu_tests 200 $PY -m pytest -p no:cacheprovider -m gpu -q -rfEs --timeout 1
   --continue-on-collection-errors tests
 grep -E "passed|failed|error" "$LOG" | tail -3
 
-step bench_kernels 150 $PY bench/bench_kernels.py --device cuda --quick --out "$OUT/bench_kernels_cuda.csv"
+step cuda_probe 90 $PY bench/cuda_probe.py --sanitize --failed-to /tmp/probe_failed
+step bench_kernels 150 $PY bench/bench_kernels.py --device cuda --quick --out "$OUT/bench_kernels_cuda.csv" \
+  --skip $(cat /tmp/probe_failed 2>/dev/null)
 step bench_update 90 $PY bench/bench_update.py --device cuda --quick --segmentation off \
   --providers d9d torchmetrics torcheval plain_torch --out "$OUT/bench_update_cuda.csv"
 echo "== done at ${SECONDS}s" | tee -a "$LOG"

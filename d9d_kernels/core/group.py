@@ -36,7 +36,7 @@ from d9d_kernels.core.metric import (
     routed_error,
     update_signature,
 )
-from d9d_kernels.core.storage import Layout, Storage
+from d9d_kernels.core.storage import Layout, Storage, resolve_device
 
 __all__ = ["MetricGroup"]
 
@@ -80,7 +80,7 @@ class MetricGroup(_GroupBase):
             device = devs.pop() if len(devs) == 1 else torch.device("cpu")
         d = self.__dict__
         d["_members"] = dict(metrics)
-        d["_device"] = torch.device(device)
+        d["_device"] = resolve_device(device)
         d["_label"] = "MetricGroup"
         d["_sig_cache"] = {}
         d["_forward_cache"] = {}  # input names -> (members valued from the scratch, any member on the state)

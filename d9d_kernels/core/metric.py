@@ -52,7 +52,7 @@ import torch
 from d9d_kernels.core import sync
 from d9d_kernels.core.plan import planned
 from d9d_kernels.core.statistic import MAX, SUM, Slot, Statistic
-from d9d_kernels.core.storage import Layout, Storage, numel
+from d9d_kernels.core.storage import Layout, Storage, numel, resolve_device
 
 __all__ = ["Metric", "NAN_STRATEGIES", "HostValues"]
 
@@ -601,7 +601,7 @@ class Metric(metaclass=_MetricMeta):
         if self._group is not None:
             raise RuntimeError(f"{self._label} lives in a MetricGroup's buffers: move the group instead")
         self._storage.to(device)
-        self.__dict__["_device"] = torch.device(device)
+        self.__dict__["_device"] = resolve_device(device)
         return self
 
     @property

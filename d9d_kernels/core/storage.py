@@ -105,6 +105,16 @@ class Layout:
         return f"{type(self.stats[j]).__name__}.{s.name} {list(s.shape)}"
 
 
+def resolve_device(device) -> torch.device:
+    """``torch.device(device)`` with its index: ``"cuda"`` names the current CUDA
+    device, which is what tensors made there report (``cuda:0``), so a metric
+    built with ``device="cuda"`` accepts them."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
 def format_bytes(n: float) -> str:
     for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if n >= scale:
@@ -189,7 +199,7 @@ class Storage:
     def __init__(self, layout: Layout, device: torch.device, label: str):
         self.layout = layout
         self.label = label
-        self.device = torch.device(device)
+        self.device = resolve_device(device)
         check_fits(layout, self.device, label)
         self._alloc()
         self.synced: dict[str, torch.Tensor] | None = None
@@ -435,7 +445,7 @@ class Storage:
     def to(self, device) -> None:
         if self.pending is not None:
             raise RuntimeError(f"{self.label}: to() while a sync is in flight; call wait_sync() first")
-        device = torch.device(device)
+        device = resolve_device(device)
         local = {k: v.to(device) for k, v in self.local.items()}
         synced = None if self.synced is None else {k: v.to(device) for k, v in self.synced.items()}
         self.device = device

@@ -150,6 +150,18 @@ def test_compile_fullgraph_update_reset_trigger_local():
     assert g2.compute()["max"].item() == x.max().item()
 
 
+def test_device_cuda_names_the_current_index(monkeypatch):
+    """A metric built with device="cuda" compares equal to the tensors made there
+    (their device is cuda:<current>); a device with an index keeps it."""
+    from d9d_kernels.core.storage import resolve_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    assert resolve_device("cuda") == torch.device("cuda", 3)
+    assert resolve_device(torch.device("cuda", 1)) == torch.device("cuda", 1)
+    assert resolve_device("cpu") == torch.device("cpu")
+
+
 @pytest.mark.gpu
 def test_no_host_sync_on_cuda():
     g = dk.MetricGroup({"s": dk.SumMetric(), "m": dk.WeightedMeanMetric(), "mx": dk.MaxMetric()}, device="cuda")

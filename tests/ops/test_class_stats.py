@@ -257,7 +257,8 @@ def test_cuda_matches_reference(dtype, n, C, top_ks):
         got = [t.cpu() for t in got]
         for g, w, what in zip(got[:2] + [got[2][:1], got[3]], want[:2] + [want[2][:1], want[3]], ["stats", "confmat", "rows", "bad"]):
             assert_counts_equal(g, w, what)
-        assert_sums_close(got[2][1:], want[2][1:], "nll")
+        # rows of <= 32 classes sum exp in float32 before the float64 fold (docs/kernels.md)
+        assert_sums_close(got[2][1:], want[2][1:], "nll", rtol=1e-6)
 
 
 def _class_strided(x: torch.Tensor) -> torch.Tensor:

@@ -250,13 +250,18 @@ def _triton_checks() -> None:
         assert not bad, f"triton {name}: ordered atomics {bad[:3]}"
 
 
-def test_triton_ptx_for_sm90():
-    pytest.importorskip("triton.backends.nvidia")
+def _without_interpreter(module: str, func: str) -> None:
+    """Runs tests/ops/<module>.<func>() in a process without TRITON_INTERPRET."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    code = f"import sys; sys.path.insert(0, {str(HERE)!r}); import test_sass; test_sass._triton_checks()"
+    code = f"import sys; sys.path.insert(0, {str(HERE)!r}); import {module}; {module}.{func}()"
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-4000:]
+
+
+def test_triton_ptx_for_sm90():
+    pytest.importorskip("triton.backends.nvidia")
+    _without_interpreter("test_sass", "_triton_checks")
 
 
 # ---- on a GPU: no host sync, graph capture ---------------------------------------------------
@@ -282,11 +287,12 @@ def _calls(dev):
     t1 = torch.randint(0, 2, (200_000,), generator=g).to(dev)
     sc = torch.randn(64, 1000, generator=g).to(dev)
     tc = torch.randint(0, 1000, (64,), generator=g).to(dev)
+    two = torch.tensor(2.0, device=dev)  # made here: a host-to-device copy is a sync the op is not asked to avoid
     return [
         ("weighted_moments", lambda s, b: dk.ops.weighted_moments(xs, xs * 2, w, m, state=s, bad=b, skip_bad=True),
          lambda: (_f64(9), _f64(1))),
         ("weighted_moments_scalar_w",
-         lambda s, b: dk.ops.weighted_moments(xs.half(), weights=torch.tensor(2.0, device=dev), state=s, bad=b),
+         lambda s, b: dk.ops.weighted_moments(xs.half(), weights=two, state=s, bad=b),
          lambda: (_f64(9), _f64(1))),
         ("running_extrema", lambda s, b: dk.ops.running_extrema(xs.bfloat16(), mask=m, state=s, bad=b),
          lambda: (_f64(2, fill=-float("inf")), _f64(1))),
@@ -334,6 +340,14 @@ def test_no_host_sync_and_graph_capture(backend, monkeypatch):
 
 
 @pytest.mark.gpu
+def test_compiled_triton_on_gpu():
+    """test_triton._gpu_check, in a process without TRITON_INTERPRET: test_triton's
+    own module runs interpreted on CPU tensors and is skipped on a GPU machine."""
+    pytest.importorskip("triton")
+    _without_interpreter("test_triton", "_gpu_check")
+
+
+@pytest.mark.gpu
 def test_cuda_matches_reference_at_vector_boundaries():
     """Every offset 0..15 and length around the vector width: head/body/tail splits."""
     if "cuda" not in dk.ops.backends():
@@ -378,4 +392,5 @@ def test_cuda_running_extrema_beyond_int32():
     st, bad = _f64(1, 4), _f64(2)
     dk.ops.binary_stats(x, lab, state=st, bad=bad, input_kind=reference.INPUT_PROBS, backend="cuda")
     # preds: 3.0 and inf are > 0.5 (inf is bad: not finite), the rest are 0 or -2
-    assert st.tolist() == [[0.0, 1.0, float(n - 2), 0.0]] and bad.item() == 1.0
+    # bad: [targets not 0/1, bad preds] = [0, the inf]
+    assert st.tolist() == [[0.0, 1.0, float(n - 2), 0.0]] and bad.tolist() == [0.0, 1.0]
