@@ -35,13 +35,39 @@ def one_case(case: str, n: int) -> None:
         print(f"  {case} N={n} {name}: ok", flush=True)
 
 
+def class_stats_variants() -> None:
+    """Where the large-vocabulary scores pass spends its time: the same logits
+    with top-1 alone, + NLL, + top-5, against a read of the same bytes."""
+    import torch
+    from triton.testing import do_bench
+
+    dev = torch.device("cuda")
+    for (n, C), dtype in (((16384, 128000), torch.bfloat16), ((4096, 128000), torch.float32),
+                          ((16384, 32000), torch.bfloat16)):
+        x = torch.randn(n, C, device=dev).to(dtype)
+        t = torch.randint(0, C, (n,), device=dev)
+        floor = do_bench(lambda: x.sum(), return_mode="median")
+        gb = x.numel() * x.element_size() / 1e9
+        print(f"  class_stats [{n}, {C}] {dtype}: read floor {floor * 1e3:.0f} us ({gb / floor * 1e3:.0f} GB/s)")
+        for ks, nll in (((1,), False), ((1,), True), ((1, 5), False), ((1, 5), True), ((1, 5, 10), True)):
+            st, ex, bad = (torch.zeros(s, dtype=torch.float64, device=dev) for s in ((len(ks), 3, C), (2,), (2,)))
+            op = torch.ops.d9d_kernels.class_stats.default
+            ms = do_bench(lambda: op(x, t, None, C, None, list(ks), nll, st, None, ex, bad), return_mode="median")
+            print(f"    top_ks={ks} nll={nll}: {ms * 1e3:.0f} us = {floor / ms:.2f} of the read floor", flush=True)
+        del x
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--n", type=int, default=1)
     p.add_argument("--case", default=None, help=argparse.SUPPRESS)  # child process
     p.add_argument("--sanitize", action="store_true")
     p.add_argument("--failed-to", default=None, help="file that gets the failing case names")
+    p.add_argument("--class-stats-variants", action="store_true", help="time the scores pass by feature")
     a = p.parse_args()
+    if a.class_stats_variants:
+        class_stats_variants()
+        return 0
     if a.case:
         one_case(a.case, a.n)
         return 0

@@ -8,9 +8,11 @@
 #   call: D9D_PREBUILT). bench/cuda_probe.py first names the cases whose
 #   kernels fault, and bench_kernels leaves them out.
 #
-#   bash bench/device_run.sh [deadline seconds, default 540]
+#   STEPS="tests variants probe kernels update" bash bench/device_run.sh [deadline seconds, default 540]
 set -u
 DEADLINE=${1:-540}
+STEPS=" ${STEPS:-tests variants probe kernels update} "
+want() { [[ $STEPS == *" $1 "* ]]; }
 OUT=${OUT:-/tmp/d9d_device_out}
 mkdir -p "$OUT"
 LOG="$OUT/log.txt"
@@ -46,14 +48,15 @@ else
 fi
 $PY -c "import d9d_kernels as dk, torch; print('backends', dk.ops.backends(), torch.cuda.get_device_name())" >>"$LOG" 2>&1
 
-step gpu_tests 200 $PY -m pytest -p no:cacheprovider -m gpu -q -rfEs --timeout 150 \
+want tests && step gpu_tests 200 $PY -m pytest -p no:cacheprovider -m gpu -q -rfEs --timeout 150 \
   --continue-on-collection-errors tests
-grep -E "passed|failed|error" "$LOG" | tail -3
+grep -E " passed| failed" "$LOG" | tail -2
 
-step cuda_probe 90 $PY bench/cuda_probe.py --sanitize --failed-to /tmp/probe_failed
-step bench_kernels 150 $PY bench/bench_kernels.py --device cuda --quick --out "$OUT/bench_kernels_cuda.csv" \
+want variants && step class_stats_variants 60 $PY bench/cuda_probe.py --class-stats-variants
+want probe && step cuda_probe 90 $PY bench/cuda_probe.py --sanitize --failed-to /tmp/probe_failed
+want kernels && step bench_kernels 150 $PY bench/bench_kernels.py --device cuda --quick --out "$OUT/bench_kernels_cuda.csv" \
   --skip $(cat /tmp/probe_failed 2>/dev/null)
-step bench_update 90 $PY bench/bench_update.py --device cuda --quick --segmentation off \
+want update && step bench_update 90 $PY bench/bench_update.py --device cuda --quick --segmentation off \
   --providers d9d torchmetrics torcheval plain_torch --out "$OUT/bench_update_cuda.csv"
 echo "== done at ${SECONDS}s" | tee -a "$LOG"
 grep -E "^\| |FAILED|ERROR|^E " "$LOG" | tail -80

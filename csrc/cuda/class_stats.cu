@@ -69,7 +69,7 @@ __global__ void indices_kernel(Rows r, const int64_t* preds, int64_t sp, Out o, 
   const int64_t C = r.C;
   const int64_t n_stats = 3 * C, n_conf = o.confmat ? C * C : 0;
   double* s_stats = shared_hist ? sh : o.stats;
-  double* s_conf = shared_hist ? sh + n_stats : o.confmat;
+  double* s_conf = o.confmat == nullptr ? nullptr : shared_hist ? sh + n_stats : o.confmat;
   if (shared_hist) shared_zero(sh, n_stats + n_conf);
   double rows = 0.0, bad = 0.0;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < r.n; i += int64_t(gridDim.x) * blockDim.x) {

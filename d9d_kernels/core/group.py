@@ -36,7 +36,8 @@ from d9d_kernels.core.metric import (
     routed_error,
     update_signature,
 )
-from d9d_kernels.core.storage import Layout, Storage, resolve_device
+from d9d_kernels.core.device import resolve_device
+from d9d_kernels.core.storage import Layout, Storage
 
 __all__ = ["MetricGroup"]
 

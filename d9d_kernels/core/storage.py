@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from d9d_kernels.core.device import resolve_device
 from d9d_kernels.core.statistic import KINDS, MAX, REPLICA, SUM, Slot, Statistic
 
 __all__ = ["Layout", "Storage", "StateEntry", "numel", "check_fits", "format_bytes"]
@@ -103,16 +104,6 @@ class Layout:
             return "no slots"
         _, j, s = best
         return f"{type(self.stats[j]).__name__}.{s.name} {list(s.shape)}"
-
-
-def resolve_device(device) -> torch.device:
-    """``torch.device(device)`` with its index: ``"cuda"`` names the current CUDA
-    device, which is what tensors made there report (``cuda:0``), so a metric
-    built with ``device="cuda"`` accepts them."""
-    device = torch.device(device)
-    if device.type == "cuda" and device.index is None and torch.cuda.is_available():
-        return torch.device("cuda", torch.cuda.current_device())
-    return device
 
 
 def format_bytes(n: float) -> str:

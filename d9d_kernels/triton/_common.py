@@ -69,9 +69,16 @@ def launch(kernel):
 _SCRATCH: dict = {}
 
 
+def _tracing() -> bool:
+    """Under torch.compile, or on fake tensors: torch 2.11's Dynamo runs a
+    triton_op's body in a fake mode with ``is_compiling()`` False."""
+    fake = torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE)
+    return torch.compiler.is_compiling() or fake is not None
+
+
 def scratch(name: str, shape: tuple, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """A reusable buffer of ``shape``/``dtype`` on ``device`` (contents undefined)."""
-    if torch.compiler.is_compiling():
+    if _tracing():
         return torch.empty(shape, dtype=dtype, device=device)
     stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
     key = (name, device, stream)

@@ -153,7 +153,7 @@ def test_compile_fullgraph_update_reset_trigger_local():
 def test_device_cuda_names_the_current_index(monkeypatch):
     """A metric built with device="cuda" compares equal to the tensors made there
     (their device is cuda:<current>); a device with an index keeps it."""
-    from d9d_kernels.core.storage import resolve_device
+    from d9d_kernels.core.device import resolve_device
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)

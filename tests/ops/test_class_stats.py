@@ -261,6 +261,21 @@ def test_cuda_matches_reference(dtype, n, C, top_ks):
         assert_sums_close(got[2][1:], want[2][1:], "nll", rtol=1e-6)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [1, 1000])
+def test_cuda_indices_without_confmat(n):
+    """Index preds with no confusion matrix: the block's shared counters hold the
+    stats alone (no confusion-matrix cells past them)."""
+    C = 10
+    p, t = torch.randint(-1, C + 1, (n,)), torch.randint(-1, C + 1, (n,))
+    want = [f64(1, 3, C), f64(2), f64(2)]
+    reference.class_stats(p, t, None, C, None, [1], False, want[0], None, want[1], want[2])
+    got = [x.cuda() for x in (f64(1, 3, C), f64(2), f64(2))]
+    torch.ops.d9d_kernels.class_stats.default(p.cuda(), t.cuda(), None, C, None, [1], False, got[0], None, *got[1:])
+    for g, w, what in zip(got, want, ("stats", "extras", "bad")):
+        assert_counts_equal(g.cpu(), w, what)
+
+
 def _class_strided(x: torch.Tensor) -> torch.Tensor:
     """``x`` [R, C] with the same values, classes R apart (as one sample of a
     channel-first [N, C, H, W] batch seen as [H*W, C])."""

@@ -299,10 +299,10 @@ def _calls(dev):
         ("binary_stats", lambda s, b: dk.ops.binary_stats(p, t, state=s, bad=b), lambda: (_f64(50257, 4), _f64(2))),
         ("binary_stats_L1", lambda s, b: dk.ops.binary_stats(p1, t1, state=s, bad=b), lambda: (_f64(1, 4), _f64(2))),
         ("score_histogram", lambda s, b: dk.ops.score_histogram(p1, t1, hist=s, bad=b),
-         lambda: (_f64(2, 1, 10_000), _f64(1))),
+         lambda: (_f64(2, 1, 10_000), _f64(2))),
         ("score_histogram_multiclass",
          lambda s, b: dk.ops.score_histogram(sc, tc, hist=s, bad=b, multiclass=True),
-         lambda: (_f64(2, 1000, 100), _f64(1))),
+         lambda: (_f64(2, 1000, 100), _f64(2))),
     ]
 
 

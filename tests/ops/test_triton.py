@@ -650,3 +650,18 @@ def test_class_stats_launch_makes_no_tensor_per_call(monkeypatch):
     reference.class_stats(s, t, None, 30, None, [1, 5, 10], True, *want)
     assert made == []
     assert_counts_equal(got[0], want[0], "stats")
+
+
+def test_scratch_is_fresh_on_fake_tensors():
+    """A fake-tensor pass (Dynamo running a triton_op's body) gets a fresh fake
+    buffer, never the cached real one, and leaves the cache as it was."""
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+    from d9d_kernels.triton import _common
+
+    cpu = torch.device("cpu")
+    real = _common.scratch("fake_test", (1,), torch.int64, cpu)
+    with FakeTensorMode():
+        got = _common.scratch("fake_test", (1,), torch.int64, cpu)
+    assert isinstance(got, FakeTensor)
+    assert _common.scratch("fake_test", (1,), torch.int64, cpu) is real

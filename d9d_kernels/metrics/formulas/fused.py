@@ -36,6 +36,7 @@ import math
 import torch
 
 from d9d_kernels.core import metric as core_metric
+from d9d_kernels.core.device import constant
 from d9d_kernels.core.statistic import MAX, REPLICA, SUM
 from d9d_kernels.metrics.aggregation import MaxMetric, MinMetric, SumMetric, WeightedMeanMetric
 from d9d_kernels.metrics.classification import (
@@ -272,7 +273,7 @@ class FusedPlan:
         key = ("bad_idx", device)
         out = self._device_idx.get(key)
         if out is None:
-            out = self._device_idx[key] = torch.tensor(self.bad_idx, dtype=torch.int64, device=device)
+            out = self._device_idx[key] = constant(self.bad_idx, torch.int64, device)
         return out
 
     def native_args(self, device):
@@ -281,8 +282,8 @@ class FusedPlan:
         out = self._device_idx.get(key)
         if out is None:
             out = self._device_idx[key] = (
-                torch.tensor(self.program, dtype=torch.int64, device=device).reshape(-1, len(GV.COLUMNS)),
-                torch.tensor(self.beta2, dtype=torch.float64, device=device),
+                constant(self.program, torch.int64, device).reshape(-1, len(GV.COLUMNS)),
+                constant(self.beta2, torch.float64, device),
                 torch.empty(0, dtype=torch.float64, device=device))
         return out
 
@@ -387,7 +388,7 @@ def _bad_matrix(plan: FusedPlan, device, causes: bool) -> torch.Tensor:
                 cause[pos + i] = 1.0
                 rows.append(cause)
             pos += len(w)
-        M = plan._device_idx[key] = torch.tensor(rows, dtype=torch.float64, device=device)
+        M = plan._device_idx[key] = constant(rows, torch.float64, device)
     return M
 
 
