@@ -41,6 +41,8 @@ def class_stats_variants() -> None:
     import torch
     from triton.testing import do_bench
 
+    import d9d_kernels  # noqa: F401  (registers torch.ops.d9d_kernels)
+
     dev = torch.device("cuda")
     for (n, C), dtype in (((16384, 128000), torch.bfloat16), ((4096, 128000), torch.float32),
                           ((16384, 32000), torch.bfloat16)):

@@ -264,7 +264,7 @@ class FusedPlan:
                     b[k] = (len(lst), len(rows), len(rows[0]))
                     lst.extend(i for row in rows for i in row)
                 blocks.append(b)
-            mk = lambda v: torch.tensor(v, dtype=torch.int64, device=device)  # noqa: E731
+            mk = lambda v: constant(v, torch.int64, device)  # noqa: E731
             out = self._device_idx[device] = ({k: mk(v) for k, v in flat.items()}, blocks)
         return out
 
@@ -447,8 +447,7 @@ def fused_compute_to_host(group, keys: dict):
     perm = plan._device_idx.get(key)
     if perm is None:
         order = [i for n in names for i in range(seg[n][0], seg[n][0] + math.prod(seg[n][1]))]
-        perm = plan._device_idx[key] = torch.tensor(order + list(range(pos, pos + tail)),
-                                                    dtype=torch.int64, device=dev)
+        perm = plan._device_idx[key] = constant(order + list(range(pos, pos + tail)), torch.int64, dev)
     packed = torch.cat(parts).index_select(0, perm) if parts else torch.zeros(0, dtype=torch.float64)
     host, event = copy_to_host(packed)
     return HostValues(host, [keys[n] for n in names], shapes, checks, event, single=False)
