@@ -35,15 +35,19 @@ def one_case(case: str, n: int) -> None:
         print(f"  {case} N={n} {name}: ok", flush=True)
 
 
-def class_stats_variants() -> None:
+def class_stats_variants(out: str) -> None:
     """Where the large-vocabulary scores pass spends its time: the same logits
-    with top-1 alone, + NLL, + top-5, against a read of the same bytes."""
+    with top-1 alone, + NLL, + top-5, against a read of the same bytes (to the
+    CSV ``out``: median µs per call, ``top_ks`` = "floor" for the read)."""
+    import csv
+
     import torch
     from triton.testing import do_bench
 
     import d9d_kernels  # noqa: F401  (registers torch.ops.d9d_kernels)
 
     dev = torch.device("cuda")
+    rows = []
     for (n, C), dtype in (((16384, 128000), torch.bfloat16), ((4096, 128000), torch.float32),
                           ((16384, 32000), torch.bfloat16)):
         x = torch.randn(n, C, device=dev).to(dtype)
@@ -51,12 +55,19 @@ def class_stats_variants() -> None:
         floor = do_bench(lambda: x.sum(), return_mode="median")
         gb = x.numel() * x.element_size() / 1e9
         print(f"  class_stats [{n}, {C}] {dtype}: read floor {floor * 1e3:.0f} us ({gb / floor * 1e3:.0f} GB/s)")
+        name = str(dtype).removeprefix("torch.")
+        rows.append(dict(n=n, C=C, dtype=name, top_ks="floor", nll="", p50_us=round(floor * 1e3)))
         for ks, nll in (((1,), False), ((1,), True), ((1, 5), False), ((1, 5), True), ((1, 5, 10), True)):
             st, ex, bad = (torch.zeros(s, dtype=torch.float64, device=dev) for s in ((len(ks), 3, C), (2,), (2,)))
             op = torch.ops.d9d_kernels.class_stats.default
             ms = do_bench(lambda: op(x, t, None, C, None, list(ks), nll, st, None, ex, bad), return_mode="median")
             print(f"    top_ks={ks} nll={nll}: {ms * 1e3:.0f} us = {floor / ms:.2f} of the read floor", flush=True)
+            rows.append(dict(n=n, C=C, dtype=name, top_ks=",".join(map(str, ks)), nll=nll, p50_us=round(ms * 1e3)))
         del x
+    with open(out, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]), lineterminator="\n")
+        w.writeheader()
+        w.writerows(rows)
 
 
 def main() -> int:
@@ -66,9 +77,11 @@ def main() -> int:
     p.add_argument("--sanitize", action="store_true")
     p.add_argument("--failed-to", default=None, help="file that gets the failing case names")
     p.add_argument("--class-stats-variants", action="store_true", help="time the scores pass by feature")
+    p.add_argument("--out", default=str(HERE / "results" / "class_stats_variants_cuda.csv"),
+                   help="--class-stats-variants: CSV path")
     a = p.parse_args()
     if a.class_stats_variants:
-        class_stats_variants()
+        class_stats_variants(a.out)
         return 0
     if a.case:
         one_case(a.case, a.n)

@@ -3,10 +3,10 @@
 # sm_90 against the machine's own torch, run the gpu-marked tests, then the GPU
 # benchmarks. Every step gets a share of one deadline so the call always ends
 # with its logs. Results go to $OUT (at most 8 files come back):
-#   log.txt, bench_kernels_cuda.{csv,png}, bench_update_cuda.{csv,png},
-#   update_host_syncs.jsonl, _C.so (debug info stripped; to reuse in a second
-#   call: D9D_PREBUILT). bench/cuda_probe.py first names the cases whose
-#   kernels fault, and bench_kernels leaves them out.
+#   log.txt, bench_kernels_cuda.{csv,png}, bench_update_cuda.csv,
+#   bench_update_hostcost.csv, update_host_syncs.jsonl,
+#   class_stats_variants_cuda.csv. bench/cuda_probe.py first names the cases
+#   whose kernels fault, and bench_kernels leaves them out.
 #
 #   STEPS="tests variants probe kernels update" bash bench/device_run.sh [deadline seconds, default 540]
 set -u
@@ -38,21 +38,17 @@ if ls .whl/*.whl >/dev/null 2>&1; then  # test/bench references missing from the
   export PYTHONPATH="$PYTHONPATH:/tmp/site"
 fi
 
-if [ -n "${D9D_PREBUILT:-}" ] && [ -f "$D9D_PREBUILT" ]; then
-  cp "$D9D_PREBUILT" d9d_kernels/
-else
-  rm -f d9d_kernels/_C*.so
-  export TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=16 D9D_KERNELS_BUILD_CUDA=1
-  step build 300 $PY setup.py -q build_ext --inplace || { tail -60 "$LOG"; exit 1; }
-  strip --strip-debug -o "$OUT/_C.so" d9d_kernels/_C*.so 2>/dev/null
-fi
+rm -f d9d_kernels/_C*.so
+export TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=16 D9D_KERNELS_BUILD_CUDA=1
+step build 300 $PY setup.py -q build_ext --inplace || { tail -60 "$LOG"; exit 1; }
 $PY -c "import d9d_kernels as dk, torch; print('backends', dk.ops.backends(), torch.cuda.get_device_name())" >>"$LOG" 2>&1
 
 want tests && step gpu_tests 200 $PY -m pytest -p no:cacheprovider -m gpu -q -rfEs --timeout 150 \
   --continue-on-collection-errors tests
 grep -E " passed| failed" "$LOG" | tail -2
 
-want variants && step class_stats_variants 60 $PY bench/cuda_probe.py --class-stats-variants
+want variants && step class_stats_variants 60 $PY bench/cuda_probe.py --class-stats-variants \
+  --out "$OUT/class_stats_variants_cuda.csv"
 want probe && step cuda_probe 90 $PY bench/cuda_probe.py --sanitize --failed-to /tmp/probe_failed
 want kernels && step bench_kernels 150 $PY bench/bench_kernels.py --device cuda --quick --out "$OUT/bench_kernels_cuda.csv" \
   --skip $(cat /tmp/probe_failed 2>/dev/null)
