@@ -5,7 +5,7 @@
 # with its logs. Results go to $OUT (at most 8 files come back):
 #   log.txt, bench_kernels_cuda.{csv,png}, bench_update_cuda.csv,
 #   bench_update_hostcost.csv, update_host_syncs.jsonl,
-#   class_stats_variants_cuda.csv. bench/cuda_probe.py first names the cases
+#   class_stats_variants_cuda.csv, gpu_machine.json. bench/cuda_probe.py first names the cases
 #   whose kernels fault, and bench_kernels leaves them out.
 #
 #   STEPS="tests variants probe kernels update" bash bench/device_run.sh [deadline seconds, default 540]
@@ -33,6 +33,14 @@ step() {  # step NAME CAP CMD...: run CMD with min(CAP, time left - 10 s)
 
 { nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem,driver_version --format=csv
   $PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; } >>"$LOG" 2>&1
+$PY - "$OUT/gpu_machine.json" <<'PY' >>"$LOG" 2>&1  # read by bench/report.py's GPU sections
+import json, subprocess, sys, datetime, torch, triton
+q = "name,memory.total,driver_version"
+smi = subprocess.run(["nvidia-smi", f"--query-gpu={q}", "--format=csv,noheader"], capture_output=True, text=True)
+json.dump({"gpu": smi.stdout.strip(), "date": str(datetime.date.today()),
+           "software": f"torch {torch.__version__}, triton {triton.__version__} (the lent machine's image; "
+                       "_C built there for sm_90)"}, open(sys.argv[1], "w"))
+PY
 if ls .whl/*.whl >/dev/null 2>&1; then  # test/bench references missing from the image (torcheval)
   $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl >>"$LOG" 2>&1
   export PYTHONPATH="$PYTHONPATH:/tmp/site"

@@ -252,10 +252,12 @@ def _index(rows, key):
     return out
 
 
-def update_section(rows, targets: list) -> list[str]:
-    lines = ["## Per-step update latency (`bench/bench_update.py`)", "",
+def update_section(rows, targets: list, gpu: str | None = None) -> list[str]:
+    """bench_update[_cuda].csv; ``gpu``: the GPU it ran on (None: CPU)."""
+    lines = [f"## Per-step update latency{' on the GPU' if gpu else ''} (`bench/bench_update.py`"
+             f"{' --device cuda' if gpu else ''})", "",
              "Group: loss weighted mean + accuracy + top-5 accuracy + macro F1 + macro precision + "
-             "macro recall + confusion matrix, float32 logits `[N, C]`, CPU. Median latency of one "
+             f"macro recall + confusion matrix, float32 logits `[N, C]`, {gpu or 'CPU'}. Median latency of one "
              "group update; ratio = peer / d9d_kernels (> 1: d9d_kernels is faster). torchmetrics "
              "(default) uses its automatic compute groups, which compare states after the first batch: "
              "when that batch has as many top-5 as top-1 hits (likely at C=1000, small N) it merges "
@@ -291,7 +293,7 @@ def update_section(rows, targets: list) -> list[str]:
         hi, n_hi = max(rs)
         what = {"torchmetrics": "faster than torchmetrics (default)", "torcheval": "faster than torcheval",
                 "plain_torch": "no slower than plain torch"}[p]
-        targets.append(("update", f"{what}, C={C} (peer / d9d, min over N)", f"≥ {goal[p]:g}×",
+        targets.append(("update (GPU)" if gpu else "update", f"{what}, C={C} (peer / d9d, min over N)", f"≥ {goal[p]:g}×",
                         f"{lo:.2f}× (N={n_lo}) … {hi:.2f}× (N={n_hi})", lo >= goal[p]))
     return lines
 
@@ -310,12 +312,16 @@ HOST_OPS = (("host_update_hot", "hot"), ("host_update_interleaved", "interleaved
             ("host_update_interleaved_flush", "interleaved + 1 MiB flush"))
 
 
-def hostcost_section(rows, targets: list) -> list[str]:
-    """bench_update_hostcost.csv: one training step's metric update, hot and interleaved."""
+def hostcost_section(rows, targets: list, gpu: str | None = None) -> list[str]:
+    """bench_update_hostcost[_cuda].csv: one training step's metric update, hot and interleaved;
+    ``gpu``: the GPU it ran on (None: CPU; on a GPU the times are the host's, launches included)."""
     idx = _index(rows, lambda r: (r["op"], r["provider"], r["_shape"].get("weights", "-")))
     shape = rows[0]["shape"].rsplit(",", 1)[0] if rows else ""
-    lines = ["## Host cost of one step's metric update (`bench/bench_update.py`, host-cost section)", "",
-             f"{shape}: loss weighted mean (weights = the token count, a Python number or a 0-d tensor) + "
+    bench = "host cost (GPU)" if gpu else "host cost"
+    lines = [f"## Host cost of one step's metric update{' on the GPU' if gpu else ''} "
+             "(`bench/bench_update.py`, host-cost section)", "",
+             (f"On {gpu}: host time per step with the inputs on the GPU (launches included, no synchronisation). "
+              if gpu else "") + f"{shape}: loss weighted mean (weights = the token count, a Python number or a 0-d tensor) + "
              "accuracy + top-5 + macro F1/precision/recall + confusion matrix. Hot: each contender in its own "
              "loop. Interleaved: every contender once per round in a random order (as inside a training loop, "
              "caches left by the others); the flush pass also writes 1 MiB between two calls. Medians.", "",
@@ -341,16 +347,20 @@ def hostcost_section(rows, targets: list) -> list[str]:
             for peer, goal in (("torchmetrics", 40.0), ("plain_torch", 4.0)):
                 p = t(op, peer, w)
                 if d and p:
-                    targets.append(("host cost", f"{LABEL[peer]} / d9d_kernels, step update {label}, {w} weights",
+                    targets.append((bench, f"{LABEL[peer]} / d9d_kernels, step update {label}, {w} weights",
                                     f"≥ {goal:g}×", f"{p / d:.1f}× ({_fmt_t(p)} vs {_fmt_t(d)})", p / d >= goal))
     g, floor = t("host_update_hot", "d9d_group_update", "-"), t("host_update_hot", "raw_class_stats", "-")
     if g and floor:
-        targets.append(("host cost", "`g.update` hot / its raw `class_stats` call from Python", "≤ 2×",
+        targets.append((bench, "`g.update` hot / its raw `class_stats` call from Python", "≤ 2×",
                         f"{g / floor:.2f}× ({_fmt_t(g)} vs {_fmt_t(floor)})", g / floor <= 2.0))
+    raw = t("host_update_hot", "raw_weighted_moments", "tensor")
     for w in ("tensor", "number"):
         wm = t("host_update_hot", "d9d_weighted_mean", w)
-        if wm:
-            targets.append(("host cost", f"`WeightedMeanMetric.update` hot, {w} weights", "≤ 3 µs", _fmt_t(wm),
+        if wm and gpu and raw:  # on a GPU the floor is the kernel launch of the raw op
+            targets.append((bench, f"`WeightedMeanMetric.update` hot, {w} weights / its raw `weighted_moments` "
+                            "call", "≤ 1.5×", f"{wm / raw:.2f}× ({_fmt_t(wm)} vs {_fmt_t(raw)})", wm / raw <= 1.5))
+        elif wm and not gpu:
+            targets.append((bench, f"`WeightedMeanMetric.update` hot, {w} weights", "≤ 3 µs", _fmt_t(wm),
                             wm <= 3e-6))
     return lines
 
@@ -658,6 +668,74 @@ def segmentation_section(rows, targets: list, memory: Path | None = None) -> lis
     return lines
 
 
+def gpu_name(results: Path) -> str | None:
+    """The GPU of the *_cuda.csv files (gpu_machine.json, written by bench/device_run.sh), or None."""
+    path = Path(results) / "gpu_machine.json"
+    if not path.exists():
+        return None
+    m = json.loads(path.read_text())
+    return f"{m['gpu']} ({m['software']}, {m['date']})"
+
+
+def kernels_cuda_section(rows, targets: list, gpu: str) -> list[str]:
+    """bench_kernels_cuda.csv: the CUDA and Triton kernels against a read of their input bytes."""
+    idx = _index(rows, lambda r: (r["op"], r["shape"], r["provider"]))
+    lines = ["## GPU kernels (`bench/bench_kernels.py --device cuda --quick`)", "",
+             f"On {gpu}. Median per call (host-timed around `torch.cuda.synchronize`); floor = `x.sum()` over "
+             "as many bytes as the op's inputs (the read it cannot avoid); fraction = floor / op (1.0: the op "
+             "runs at the speed of reading its inputs once). `torch` = the float64 reference.", "",
+             "| op | shape | dtype | cuda | triton | torch | floor | cuda / floor | triton / floor |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    frac = {}
+    for op, sh in dict.fromkeys((k[0], k[1]) for k in idx):
+        t = {p: idx[(op, sh, p)]["_p50"] for p in ("cuda", "triton", "torch", "floor") if (op, sh, p) in idx}
+        dtype = idx[(op, sh, "cuda")]["dtype"] if (op, sh, "cuda") in idx else "–"
+        cells = [_fmt_t(t[p]) if p in t else "–" for p in ("cuda", "triton", "torch", "floor")]
+        fr = [f"{t['floor'] / t[p]:.2f}" if p in t and "floor" in t else "–" for p in ("cuda", "triton")]
+        if "floor" in t and "cuda" in t:
+            frac[(op, sh)] = t["floor"] / t["cuda"]
+        lines.append(f"| {op} | {sh} | {dtype} | " + " | ".join(cells) + " | " + " | ".join(fr) + " |")
+    lines.append("")
+    for what, ops, shape, goal in (
+            ("1-D kernels (weighted_moments, running_extrema), N = 1e8", ("weighted_moments", "running_extrema"),
+             "N=100000000,C=0", 0.85),
+            ("binary_stats, N = 1e8", ("binary_stats",), "N=100000000,C=0", 0.70),
+            ("class_stats top-1/5 + NLL, [16384, 128000] bf16", ("class_stats_logits",), "N=16384,C=128000", 0.80)):
+        got = [frac[(op, shape)] for op in ops if (op, shape) in frac]
+        if got:
+            targets.append(("kernels (GPU)", f"{what}: fraction of the read floor", f"≥ {goal:.2f}",
+                            f"{min(got):.2f}", min(got) >= goal))
+    return lines
+
+
+def class_stats_variants_section(rows, targets: list, gpu: str) -> list[str]:
+    """class_stats_variants_cuda.csv: the CUDA scores pass by feature (top-k, NLL)."""
+    lines = ["## GPU class_stats from logits, by feature (`bench/cuda_probe.py --class-stats-variants`)", "",
+             f"On {gpu}. The raw op on the same logits with top-1 alone, then NLL, top-5 and top-10 added "
+             "(`triton.testing.do_bench` medians); fraction = the read floor / op.", "",
+             "| logits | dtype | top_ks | nll | median | fraction of the read floor |", "|---|---|---|---|---|---|"]
+    floor = {(r["n"], r["C"], r["dtype"]): float(r["p50_us"]) for r in rows if r["top_ks"] == "floor"}
+    for r in rows:
+        key = (r["n"], r["C"], r["dtype"])
+        us = float(r["p50_us"])
+        ks = "read floor" if r["top_ks"] == "floor" else f"({r['top_ks']})"
+        lines.append(f"| [{r['n']}, {r['C']}] | {r['dtype']} | {ks} | {r['nll'] or '–'} | {_fmt_t(us * 1e-6)} | "
+                     f"{floor[key] / us:.2f} |")
+    lines.append("")
+    return lines
+
+
+def host_syncs_lines(results: Path) -> list[str]:
+    """update_host_syncs.jsonl (bench_update --device cuda): host syncs per step of the d9d update."""
+    path = Path(results) / "update_host_syncs.jsonl"
+    if not path.exists():
+        return []
+    recs = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    shapes = ", ".join(f"C={r['C']} N={r['N']}: {r['syncs_per_step']}" for r in recs)
+    return [f"Host syncs per step of the d9d update + trigger_sync under "
+            f"`torch.cuda.set_sync_debug_mode(\"error\")`: {shapes}.", ""]
+
+
 def generic_section(name: str, rows) -> list[str]:
     lines = [f"## `{name}` (`bench/{name}.py`)", "",
              "Median per (op, shape, provider), as written by the benchmark; see its docstring for the question.", ""]
@@ -684,6 +762,7 @@ def build(results: Path, doc: Path, plots: bool = True) -> tuple[str, str]:
              "bench_training": (training_section, plot_training), "bench_scale": (scale_section, plot_scale),
              "bench_update_hostcost": (hostcost_section, None)}
     csvs = sorted(results.glob("*.csv"))
+    gpu = gpu_name(results)
     ordered = [results / f"{k}.csv" for k in known] + [p for p in csvs if p.stem not in known]
     for path in ordered:
         rows = load(path)
@@ -701,6 +780,16 @@ def build(results: Path, doc: Path, plots: bool = True) -> tuple[str, str]:
             sections += segmentation_section(rows, targets, path.with_name(f"{name}_memory.csv"))
         elif name == "bench_update_segmentation_memory":
             continue  # read by the segmentation section
+        elif name.endswith("_cuda") and gpu is None:
+            continue  # GPU results without the machine they ran on
+        elif name == "bench_update_cuda":
+            sections += update_section(rows, targets, gpu=gpu) + host_syncs_lines(results)
+        elif name == "bench_update_hostcost_cuda":
+            sections += hostcost_section(rows, targets, gpu=gpu)
+        elif name == "bench_kernels_cuda":
+            sections += kernels_cuda_section(rows, targets, gpu)
+        elif name == "class_stats_variants_cuda":
+            sections += class_stats_variants_section(rows, targets, gpu)
         else:
             sections += sec(rows, targets) if sec else generic_section(name, rows)
         png = path.with_suffix(".png")
@@ -721,7 +810,8 @@ def build(results: Path, doc: Path, plots: bool = True) -> tuple[str, str]:
         "",
         f"Measured {measured} on: {mach}.",
         "",
-        ("**All figures on this page are CPU-only**: the machine has no GPU, so no GPU figure "
+        (f"Sections and targets marked GPU were measured on {gpu}; the rest on the CPU machine above."
+         if gpu else "**All figures on this page are CPU-only**: the machine has no GPU, so no GPU figure "
          "(CUDA/Triton kernels, `torch.cuda.set_sync_debug_mode(\"error\")` syncs-per-step check) "
          "has been measured yet." if cpu_only else "Figures marked GPU were measured on the GPU above; the rest on CPU."),
         "",
