@@ -765,7 +765,11 @@ def build(results: Path, doc: Path, plots: bool = True) -> tuple[str, str]:
     gpu = gpu_name(results)
     ordered = [results / f"{k}.csv" for k in known] + [p for p in csvs if p.stem not in known]
     for path in ordered:
-        rows = load(path)
+        if path.stem == "class_stats_variants_cuda":  # plain rows (bench/cuda_probe.py), no quantiles
+            with open(path, newline="") as f:
+                rows = list(csv.DictReader(f))
+        else:
+            rows = load(path)
         if not rows:
             continue
         name = path.stem

@@ -159,3 +159,27 @@ def test_lm_tp_mode_runs_and_agrees(tmp_path):
     rows = _rows(out)
     assert {(r["op"], r["provider"]) for r in rows} == {
         (op, p) for op in ("ppl+acc+top5", "ppl+acc+top5 cpu-seconds") for p in ("d9d_unsharded", "d9d_tp", "d9d_tp_lse")}
+
+
+def test_report_gpu_sections(tmp_path):
+    """The committed GPU results (bench/device_run.sh) render: the GPU is named,
+    each GPU section is there, and the kernel targets hold the fractions the
+    CSV gives (read floor / op, recomputed here)."""
+    import shutil
+
+    import report
+
+    names = ("bench_kernels_cuda.csv", "bench_update_cuda.csv", "bench_update_hostcost_cuda.csv",
+             "class_stats_variants_cuda.csv", "gpu_machine.json", "update_host_syncs.jsonl")
+    for name in names:
+        shutil.copy(BENCH / "results" / name, tmp_path / name)
+    text, block = report.build(tmp_path, tmp_path / "performance.md", plots=False)
+    assert "CPU-only" not in text and "H200" in text.split("## Targets")[0]
+    for title in ("## GPU kernels", "## GPU class_stats from logits, by feature", "latency on the GPU",
+                  "metric update on the GPU", "Host syncs per step"):
+        assert title in text, title
+    p50 = {(r["op"], r["shape"], r["provider"]): float(r["p50_us"]) for r in _rows(tmp_path / names[0])}
+    shape = "N=100000000,C=0"
+    one_d = min(p50[(op, shape, "floor")] / p50[(op, shape, "cuda")] for op in ("weighted_moments", "running_extrema"))
+    row = next(line for line in block.splitlines() if line.startswith("| kernels (GPU) | 1-D kernels"))
+    assert f"| {one_d:.2f} |" in row
