@@ -162,15 +162,20 @@ __device__ inline void counters_flush(const uint32_t* s, double* g, int64_t n) {
 }
 
 // Shared bytes for `slots` uint32 counters, or 0 when they do not fit the
-// opt-in limit (the kernel then adds into the global state). Raises the
-// kernel's dynamic shared-memory limit above 48 KiB when needed.
+// opt-in limit (the kernel then adds into the global state). The limits bound
+// the kernel's static plus dynamic shared memory, so near them the static size
+// is read; past the default 48 KiB the kernel's dynamic limit is raised.
 template <class K>
 inline size_t counter_smem(K kernel, int64_t slots) {
   const int64_t bytes = slots * static_cast<int64_t>(sizeof(uint32_t));
   const auto* prop = at::cuda::getCurrentDeviceProperties();
-  const int64_t limit = static_cast<int64_t>(prop->sharedMemPerBlockOptin) - 1024;  // static smem of the kernel
-  if (bytes > limit) return 0;
-  if (bytes > static_cast<int64_t>(prop->sharedMemPerBlock)) {
+  const int64_t fits = static_cast<int64_t>(prop->sharedMemPerBlock) - 1024;  // static smem is far below 1 KiB
+  if (bytes <= fits) return static_cast<size_t>(bytes);
+  cudaFuncAttributes attr;
+  C10_CUDA_CHECK(cudaFuncGetAttributes(&attr, reinterpret_cast<const void*>(kernel)));
+  const int64_t total = bytes + static_cast<int64_t>(attr.sharedSizeBytes);
+  if (total > static_cast<int64_t>(prop->sharedMemPerBlockOptin)) return 0;
+  if (total > static_cast<int64_t>(prop->sharedMemPerBlock)) {
     C10_CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
                                         cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
   }

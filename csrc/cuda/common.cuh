@@ -21,9 +21,10 @@ namespace cuda {
 
 constexpr int kThreads = 256;
 constexpr int kWarp = 32;
-// Private shared-memory accumulators per block up to this many doubles (48 KiB,
-// the default dynamic shared-memory limit); larger states use global atomics.
-constexpr int64_t kSharedSlots = 6144;
+// Private shared-memory accumulators per block up to this many doubles; larger
+// states use global atomics. Without an opt-in a block's static and dynamic
+// shared memory together stay within 48 KiB: 1 KiB is left for the static.
+constexpr int64_t kSharedSlots = (48 * 1024 - 1024) / sizeof(double);
 
 // Blocks for `work` items: enough to fill the GPU, grid-stride beyond that.
 inline int blocks_for(int64_t work, int per_block = kThreads) {

@@ -33,7 +33,13 @@ import torch
 import triton
 import triton.language as tl
 
-from d9d_kernels.triton._common import BLOCK, INTERPRETED, MAX_PROGRAMS, TILE, as_u8, finite, launch, pow2, register
+from d9d_kernels.triton._common import (
+    BLOCK, INTERPRETED, MAX_PROGRAMS, TILE, as_u8, finite, launch, pow2, programs, register,
+)
+
+#: index preds: per-program histograms of the counts up to this many classes
+#: (and of the confusion matrix up to this many cells)
+INDEX_BINS = 1024
 
 
 @triton.jit
@@ -51,20 +57,54 @@ def _rows_kept(t_ptr, m_ptr, rows, n, C, ignore, HAS_M: tl.constexpr, HAS_IGNORE
 
 @triton.jit
 def _index_kernel(p_ptr, t_ptr, m_ptr, stats_ptr, confmat_ptr, extras_ptr, bad_ptr, n, C, ignore,
-                  HAS_M: tl.constexpr, HAS_IGNORE: tl.constexpr, HAS_CONFMAT: tl.constexpr, BLOCK: tl.constexpr):
-    rows = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    t, keep, t_in = _rows_kept(t_ptr, m_ptr, rows, n, C, ignore, HAS_M, HAS_IGNORE)
-    p = tl.load(p_ptr + rows, mask=rows < n, other=0)
-    ok = keep & t_in & (p >= 0) & (p < C)
-    # an index pred out of range is a label mistake too: every bad row goes to
-    # bad[0] (target cause); index preds have no NaN/Inf, so bad[1] gets nothing
-    tl.atomic_add(bad_ptr, tl.sum((keep & ~ok).to(tl.float64), 0), sem="relaxed")
-    tl.atomic_add(extras_ptr, tl.sum(ok.to(tl.float64), 0), sem="relaxed")
-    tl.atomic_add(stats_ptr + t, 1.0, mask=ok & (p == t), sem="relaxed")
-    tl.atomic_add(stats_ptr + C + p, 1.0, mask=ok, sem="relaxed")
-    tl.atomic_add(stats_ptr + 2 * C + t, 1.0, mask=ok, sem="relaxed")
-    if HAS_CONFMAT:
-        tl.atomic_add(confmat_ptr + t * C + p, 1.0, mask=ok, sem="relaxed")
+                  HAS_M: tl.constexpr, HAS_IGNORE: tl.constexpr, HAS_CONFMAT: tl.constexpr, BLOCK: tl.constexpr,
+                  NB: tl.constexpr, CM_NB: tl.constexpr):
+    # Grid-stride over row tiles. NB > 0 (C <= NB): the class counts go to
+    # per-program histograms and the state gets one atomic per bin at the end,
+    # so few classes do not put every row's atomic on the same few addresses;
+    # CM_NB > 0 does the same for the confusion matrix (C * C <= CM_NB).
+    n_ok = tl.zeros([BLOCK], tl.float64)
+    n_bad = tl.zeros([BLOCK], tl.float64)
+    if NB > 0:
+        h_tp = tl.zeros([NB], tl.int32)
+        h_p = tl.zeros([NB], tl.int32)
+        h_t = tl.zeros([NB], tl.int32)
+    if CM_NB > 0:
+        h_cm = tl.zeros([CM_NB], tl.int32)
+    for start in range(tl.program_id(0).to(tl.int64) * BLOCK, n, tl.num_programs(0) * BLOCK):
+        rows = start + tl.arange(0, BLOCK)
+        t, keep, t_in = _rows_kept(t_ptr, m_ptr, rows, n, C, ignore, HAS_M, HAS_IGNORE)
+        p = tl.load(p_ptr + rows, mask=rows < n, other=0)
+        ok = keep & t_in & (p >= 0) & (p < C)
+        # an index pred out of range is a label mistake too: every bad row goes to
+        # bad[0] (target cause); index preds have no NaN/Inf, so bad[1] gets nothing
+        n_bad += (keep & ~ok).to(tl.float64)
+        n_ok += ok.to(tl.float64)
+        ti = tl.where(ok, t, 0)
+        pi = tl.where(ok, p, 0)
+        if NB > 0:  # histogram bins are int32 (the kept classes are < C <= NB)
+            h_tp += tl.histogram(ti.to(tl.int32), NB, mask=ok & (p == t))
+            h_p += tl.histogram(pi.to(tl.int32), NB, mask=ok)
+            h_t += tl.histogram(ti.to(tl.int32), NB, mask=ok)
+        else:
+            tl.atomic_add(stats_ptr + ti, 1.0, mask=ok & (p == t), sem="relaxed")
+            tl.atomic_add(stats_ptr + C + pi, 1.0, mask=ok, sem="relaxed")
+            tl.atomic_add(stats_ptr + 2 * C + ti, 1.0, mask=ok, sem="relaxed")
+        if HAS_CONFMAT:
+            if CM_NB > 0:
+                h_cm += tl.histogram((ti * C + pi).to(tl.int32), CM_NB, mask=ok)
+            else:
+                tl.atomic_add(confmat_ptr + ti * C + pi, 1.0, mask=ok, sem="relaxed")
+    tl.atomic_add(bad_ptr, tl.sum(n_bad, 0), sem="relaxed")
+    tl.atomic_add(extras_ptr, tl.sum(n_ok, 0), sem="relaxed")
+    if NB > 0:
+        b = tl.arange(0, NB)
+        tl.atomic_add(stats_ptr + b, h_tp.to(tl.float64), mask=(b < C) & (h_tp > 0), sem="relaxed")
+        tl.atomic_add(stats_ptr + C + b, h_p.to(tl.float64), mask=(b < C) & (h_p > 0), sem="relaxed")
+        tl.atomic_add(stats_ptr + 2 * C + b, h_t.to(tl.float64), mask=(b < C) & (h_t > 0), sem="relaxed")
+    if CM_NB > 0:
+        b = tl.arange(0, CM_NB)
+        tl.atomic_add(confmat_ptr + b, h_cm.to(tl.float64), mask=(b < C * C) & (h_cm > 0), sem="relaxed")
 
 
 @triton.jit
@@ -200,8 +240,10 @@ def _class_stats_op(
     common = dict(HAS_M=mask is not None, HAS_IGNORE=ignore_index is not None, HAS_CONFMAT=confmat is not None)
     if not preds.is_floating_point():
         preds = preds.reshape(-1).contiguous()
-        launch(_index_kernel)[(triton.cdiv(n, BLOCK),)](
-            preds, target, m, stats, cm, extras, bad, n, C, ignore, BLOCK=BLOCK, **common
+        nb = pow2(C) if C <= INDEX_BINS else 0
+        cm_nb = pow2(C * C) if confmat is not None and C * C <= INDEX_BINS else 0
+        launch(_index_kernel)[(programs(n, BLOCK),)](
+            preds, target, m, stats, cm, extras, bad, n, C, ignore, BLOCK=BLOCK, NB=nb, CM_NB=cm_nb, **common
         )
         return
     # scores read in place with their strides: class-strided rows (a channel-first

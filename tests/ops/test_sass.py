@@ -376,6 +376,41 @@ def test_cuda_matches_reference_at_vector_boundaries():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("case", ["class_stats_C2048", "binary_stats_L3072", "score_histogram_6x1024"])
+def test_cuda_shared_memory_at_the_48k_boundary(case):
+    """Private shared counters of exactly 48 KiB beside the kernel's static shared
+    memory: the launch fits (or opts in) and the counts match the reference."""
+    if "cuda" not in dk.ops.backends():
+        pytest.skip("no CUDA kernels")
+    g = torch.Generator().manual_seed(3)
+    if case == "class_stats_C2048":  # 3 * C doubles = 48 KiB, no confusion matrix
+        C, n = 2048, 50_000
+        p, t = torch.randint(0, C, (n,), generator=g), torch.randint(0, C, (n,), generator=g)
+        want = [_f64(1, 3, C, dev="cpu"), _f64(2, dev="cpu"), _f64(2, dev="cpu")]
+        reference.class_stats(p, t, None, C, None, [1], False, want[0], None, *want[1:])
+        got = [w.cuda() * 0 for w in want]
+        torch.ops.d9d_kernels.class_stats.default(p.cuda(), t.cuda(), None, C, None, [1], False, got[0], None, *got[1:])
+    elif case == "binary_stats_L3072":  # 4 * L uint32 = 48 KiB
+        L, n = 3072, 64
+        p, t = torch.rand(n, L, generator=g), torch.randint(0, 2, (n, L), generator=g)
+        want = [_f64(L, 4, dev="cpu"), _f64(2, dev="cpu")]
+        reference.binary_stats(p, t, None, 0.5, None, reference.INPUT_PROBS, *want)
+        got = [w.cuda() * 0 for w in want]
+        dk.ops.binary_stats(p.cuda(), t.cuda(), state=got[0], bad=got[1], input_kind=reference.INPUT_PROBS,
+                            backend="cuda")
+    else:  # 2 * L * B uint32 = 48 KiB
+        L, B, n = 6, 1024, 20_000
+        p, t = torch.rand(n, L, generator=g), torch.randint(0, 2, (n, L), generator=g)
+        want = [_f64(2, L, B, dev="cpu"), _f64(2, dev="cpu")]
+        reference.score_histogram(p, t, None, None, reference.INPUT_PROBS, False, *want)
+        got = [w.cuda() * 0 for w in want]
+        dk.ops.score_histogram(p.cuda(), t.cuda(), hist=got[0], bad=got[1], input_kind=reference.INPUT_PROBS,
+                               backend="cuda")
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a.cpu(), b, rtol=0, atol=0)
+
+
+@pytest.mark.gpu
 def test_cuda_running_extrema_beyond_int32():
     """N = 2^31 + 5 (bfloat16, ~4.3 GB): indices and per-block counts past int32."""
     if "cuda" not in dk.ops.backends():

@@ -245,9 +245,11 @@ def test_class_stats_ties_across_column_tiles():
     assert got[0][1, 0, 4].item() == 0.0 and got[0][2, 0, 4].item() == 1.0
 
 
-@pytest.mark.parametrize("n", [0, 1, 123, 20_000])
-def test_class_stats_indices_vs_reference(n):
-    C = 9
+@pytest.mark.parametrize(("n", "C"), [(0, 9), (1, 9), (123, 9), (20_000, 9), (20_000, 40), (20_000, 1500)])
+def test_class_stats_indices_vs_reference(n, C):
+    """Index preds: per-program histograms (C = 9: counts and confusion matrix;
+    C = 40: counts, the confusion matrix by atomics) and atomics alone (C = 1500),
+    over several grid-stride tiles at n = 20000."""
     p = torch.randint(-1, C + 1, (n,))
     t = torch.randint(-1, C + 1, (n,))
     mask = torch.rand(n) > 0.3
@@ -547,7 +549,8 @@ def _compile_all_for_cuda() -> None:
     bc = min(_common.pow2(1000), _common.TILE)
     cc(score_histogram._multiclass_outside_kernel, dict(BLOCK_N=_common.TILE // bc, BLOCK_C=bc, **on), ps)
     cc(score_histogram._multiclass_hist_kernel, dict(KIND=2, BLOCK_N=_common.TILE // bc, BLOCK_C=bc, **on), ps)
-    cc(class_stats._index_kernel, dict(HAS_CONFMAT=True, BLOCK=B, **on), {**ps, "p_ptr": "*i64"})
+    for nb, cm_nb in ((16, 128), (1024, 0), (0, 0)):  # histograms of counts and cells, of counts, none
+        cc(class_stats._index_kernel, dict(HAS_CONFMAT=True, BLOCK=B, NB=nb, CM_NB=cm_nb, **on), {**ps, "p_ptr": "*i64"})
     for ct, s_ty in ((tl.float32, "*bf16"), (tl.float64, "*fp64")):
         for bn, bc in ((16, 128), class_stats.scores_tiles(128256)):
             cc(class_stats._scores_kernel, dict(HAS_CONFMAT=True, NLL=True, KS=(1, 5, 10), K=3, KMAX=10, KP=16, CT=ct,
