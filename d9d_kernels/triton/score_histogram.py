@@ -1,7 +1,9 @@
 """Triton score_histogram: binned positive / negative score counts per label.
 
 Design: histograms are scattered with per-element relaxed ``tl.atomic_add`` into
-``hist`` (float64 ``[2, L, B]``); bin = ``clamp(floor(p * B), 0, B - 1)``
+``hist`` (float64 ``[2, L, B]``), or, binary / multilabel with 2 * L * B <=
+``HIST_BINS``, counted in a per-program ``tl.histogram`` first (one atomic per
+bin per program); bin = ``clamp(floor(p * B), 0, B - 1)``
 computed in float64 before the integer cast, so +-huge probabilities clamp.
 
 * binary / multilabel (``[N, L]`` 0/1 targets): the 2-D tiles of
@@ -29,13 +31,20 @@ from d9d_kernels.reference import INPUT_AUTO
 from d9d_kernels.triton._common import MAX_PROGRAMS, TILE, as_u8, finite, launch, loadable, pow2, register
 from d9d_kernels.triton.binary_stats import grid_2d, load_tile, logit_flag, outside_kernel, tile_2d, to_prob
 
+#: binary / multilabel: per-program histograms up to this many [2, L, B] cells
+HIST_BINS = 2048
+
 
 @triton.jit
 def _binary_hist_kernel(p_ptr, t_ptr, m_ptr, flag_ptr, hist_ptr, bad_ptr, n, L, B, ignore,
                         KIND: tl.constexpr, HAS_M: tl.constexpr, HAS_IGNORE: tl.constexpr,
-                        BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr):
+                        BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr, NB: tl.constexpr):
+    # NB > 0 (one label tile, 2 * L * B <= NB): counts in a per-program
+    # histogram, one atomic per bin at the end; else an atomic per entry
     n_bad_t = tl.zeros([BLOCK_L], tl.int64)
     n_bad_p = tl.zeros([BLOCK_L], tl.int64)
+    if NB > 0:
+        h = tl.zeros([NB], tl.int32)
     for rt in range(tl.program_id(0), tl.cdiv(n, BLOCK_N), tl.num_programs(0)):
         p, t, keep, good_t, ok, cols = load_tile(p_ptr, t_ptr, m_ptr, rt, n, L, ignore, HAS_M, HAS_IGNORE,
                                                  BLOCK_N, BLOCK_L)
@@ -46,9 +55,16 @@ def _binary_hist_kernel(p_ptr, t_ptr, m_ptr, flag_ptr, hist_ptr, bad_ptr, n, L, 
         b = tl.minimum(tl.maximum(tl.floor(prob * B), 0.0), B - 1.0).to(tl.int64)
         neg = (t != 1).to(tl.int64)
         idx = neg * L * B + cols[None, :].to(tl.int64) * B + b
-        tl.atomic_add(hist_ptr + idx, 1.0, mask=ok, sem="relaxed")
+        if NB > 0:
+            flat = tl.reshape(tl.where(ok, idx, 0).to(tl.int32), [BLOCK_N * BLOCK_L])
+            h += tl.histogram(flat, NB, mask=tl.reshape(ok, [BLOCK_N * BLOCK_L]))
+        else:
+            tl.atomic_add(hist_ptr + idx, 1.0, mask=ok, sem="relaxed")
     tl.atomic_add(bad_ptr, tl.sum(n_bad_t, 0).to(tl.float64), sem="relaxed")
     tl.atomic_add(bad_ptr + 1, tl.sum(n_bad_p, 0).to(tl.float64), sem="relaxed")
+    if NB > 0:
+        bins = tl.arange(0, NB)
+        tl.atomic_add(hist_ptr + bins, h.to(tl.float64), mask=(bins < 2 * L * B) & (h > 0), sem="relaxed")
 
 
 @triton.jit
@@ -163,7 +179,9 @@ def _score_histogram_op(
         common.update(BLOCK_N=block_n, BLOCK_L=block_l)
         if kind == INPUT_AUTO:
             launch(outside_kernel)[grid](preds, target, m, flag, n, L, ignore, **common)
-        launch(_binary_hist_kernel)[grid](preds, target, m, flag, hist, bad, n, L, B, ignore, KIND=kind, **common)
+        nb = pow2(2 * L * B) if grid[1] == 1 and 2 * L * B <= HIST_BINS else 0
+        launch(_binary_hist_kernel)[grid](preds, target, m, flag, hist, bad, n, L, B, ignore, KIND=kind, NB=nb,
+                                          **common)
 
 
 def score_histogram(preds, target, mask, ignore_index, input_kind, multiclass, hist, bad) -> None:

@@ -238,8 +238,9 @@ def _triton_checks() -> None:
     atomics["binary_stats"] = _ptx(binary_stats._binary_stats_kernel,
                                    dict(KIND=2, HAS_M=True, HAS_IGNORE=True, BLOCK_N=bn, BLOCK_L=bl), ps)
     atomics["outside"] = _ptx(binary_stats.outside_kernel, dict(HAS_M=True, HAS_IGNORE=True, BLOCK_N=bn, BLOCK_L=bl), ps)
-    atomics["hist"] = _ptx(score_histogram._binary_hist_kernel,
-                           dict(KIND=2, HAS_M=True, HAS_IGNORE=True, BLOCK_N=bn, BLOCK_L=bl), ps)
+    for nb in (0, 2048):  # an atomic per entry; per-program histograms
+        atomics[f"hist_nb{nb}"] = _ptx(score_histogram._binary_hist_kernel,
+                                       dict(KIND=2, HAS_M=True, HAS_IGNORE=True, BLOCK_N=bn, BLOCK_L=bl, NB=nb), ps)
     atomics["first_good"] = _ptx(wm._first_good_kernel, dict(HAS_Y=False, HAS_W=0, HAS_M=False, BLOCK=B),
                                  {"x_ptr": "*fp32", "y_ptr": "*fp32", "w_ptr": "*fp32", "m_ptr": "*u8",
                                   "first_ptr": "*i64"})

@@ -165,13 +165,16 @@ def test_binary_stats_threshold_is_float64():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize(("n", "L"), [(0, 2), (1, 1), (5, 123), (200, 3)])
-def test_score_histogram_binary_vs_reference(dtype, n, L):
+@pytest.mark.parametrize(("n", "L", "B"), [(0, 2, 10), (1, 1, 10), (5, 123, 10), (200, 3, 10), (20_000, 1, 10),
+                                           (20_000, 2, 1000)])
+def test_score_histogram_binary_vs_reference(dtype, n, L, B):
+    """2 * L * B <= HIST_BINS: per-program histograms (n = 20000: over several row
+    tiles); L = 123 and B = 1000 at L = 2: an atomic per entry."""
     for scale in (1.0, 6.0):
         p, t, mask = _binary_inputs(n, L, dtype, scale)
         for kind in (reference.INPUT_PROBS, reference.INPUT_LOGITS, reference.INPUT_AUTO):
             for ignore, m in ((None, None), (-1, mask)):
-                both("score_histogram", (p, t, m, ignore, kind, False), [f64(2, L, 10), f64(2)])
+                both("score_histogram", (p, t, m, ignore, kind, False), [f64(2, L, B), f64(2)])
 
 
 @pytest.mark.parametrize(("n", "C", "dtype"), [(0, 3, torch.float32), (1, 1, torch.float32), (5, 123, torch.float16),
@@ -545,7 +548,8 @@ def _compile_all_for_cuda() -> None:
         bn, bl = binary_stats.tile_2d(L)
         cc(binary_stats.outside_kernel, dict(BLOCK_N=bn, BLOCK_L=bl, **on), ps)
         cc(binary_stats._binary_stats_kernel, dict(KIND=2, BLOCK_N=bn, BLOCK_L=bl, **on), ps)
-        cc(score_histogram._binary_hist_kernel, dict(KIND=2, BLOCK_N=bn, BLOCK_L=bl, **on), ps)
+        for nb in (0, 2048):
+            cc(score_histogram._binary_hist_kernel, dict(KIND=2, BLOCK_N=bn, BLOCK_L=bl, NB=nb, **on), ps)
     bc = min(_common.pow2(1000), _common.TILE)
     cc(score_histogram._multiclass_outside_kernel, dict(BLOCK_N=_common.TILE // bc, BLOCK_C=bc, **on), ps)
     cc(score_histogram._multiclass_hist_kernel, dict(KIND=2, BLOCK_N=_common.TILE // bc, BLOCK_C=bc, **on), ps)
