@@ -26,6 +26,7 @@ from typing import Iterator
 
 import torch
 
+from d9d_kernels.core.device import resolve_device
 from d9d_kernels.core.metric import (
     FUSED,
     HostValues,
@@ -36,7 +37,6 @@ from d9d_kernels.core.metric import (
     routed_error,
     update_signature,
 )
-from d9d_kernels.core.device import resolve_device
 from d9d_kernels.core.storage import Layout, Storage
 
 __all__ = ["MetricGroup"]

@@ -50,9 +50,9 @@ from typing import Any, Callable
 import torch
 
 from d9d_kernels.core import sync
+from d9d_kernels.core.device import resolve_device
 from d9d_kernels.core.plan import planned
 from d9d_kernels.core.statistic import MAX, SUM, Slot, Statistic
-from d9d_kernels.core.device import resolve_device
 from d9d_kernels.core.storage import Layout, Storage, numel
 
 __all__ = ["Metric", "NAN_STRATEGIES", "HostValues"]
