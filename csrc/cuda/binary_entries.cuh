@@ -46,9 +46,6 @@ inline Entries<T, TT> make_entries(const at::Tensor& preds, const at::Tensor& ta
                         ignore_index.value_or(0)};
 }
 
-// Elements per block are bounded so that uint32 counters cannot overflow.
-constexpr int64_t kMaxPerBlock = int64_t(1) << 31;
-
 // How entries are walked: `split` over the flat index when preds, target and
 // mask are all contiguous (vectors where they line up), else all scalar.
 struct Walk {
@@ -145,51 +142,6 @@ __device__ inline void for_each_entry(const Entries<T, TT>& in, const Walk& w, F
       }
     }
   }
-}
-
-// Block-private uint32 counters in dynamic shared memory (native ATOMS.ADD,
-// not the float64 CAS loop), flushed into the float64 state once per block.
-__device__ inline void counters_zero(uint32_t* s, int64_t n) {
-  for (int64_t k = threadIdx.x; k < n; k += blockDim.x) s[k] = 0u;
-  __syncthreads();
-}
-
-__device__ inline void counters_flush(const uint32_t* s, double* g, int64_t n) {
-  __syncthreads();
-  for (int64_t k = threadIdx.x; k < n; k += blockDim.x) {
-    if (s[k] != 0u) atomicAdd(g + k, static_cast<double>(s[k]));
-  }
-}
-
-// Shared bytes for `slots` uint32 counters, or 0 when they do not fit the
-// opt-in limit (the kernel then adds into the global state). The limits bound
-// the kernel's static plus dynamic shared memory, so near them the static size
-// is read; past the default 48 KiB the kernel's dynamic limit is raised.
-template <class K>
-inline size_t counter_smem(K kernel, int64_t slots) {
-  const int64_t bytes = slots * static_cast<int64_t>(sizeof(uint32_t));
-  const auto* prop = at::cuda::getCurrentDeviceProperties();
-  const int64_t fits = static_cast<int64_t>(prop->sharedMemPerBlock) - 1024;  // static smem is far below 1 KiB
-  if (bytes <= fits) return static_cast<size_t>(bytes);
-  cudaFuncAttributes attr;
-  C10_CUDA_CHECK(cudaFuncGetAttributes(&attr, reinterpret_cast<const void*>(kernel)));
-  const int64_t total = bytes + static_cast<int64_t>(attr.sharedSizeBytes);
-  if (total > static_cast<int64_t>(prop->sharedMemPerBlockOptin)) return 0;
-  if (total > static_cast<int64_t>(prop->sharedMemPerBlock)) {
-    C10_CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
-  }
-  return static_cast<size_t>(bytes);
-}
-
-// Blocks of one wave for `work` threads, at least enough that no block sees
-// kMaxPerBlock entries, and (private counters) each block reads about as many
-// entries as it flushes.
-template <class K>
-inline int counter_blocks(K kernel, int64_t work, int64_t entries, size_t smem, int64_t slots) {
-  int blocks = one_wave(kernel, work, kThreads, smem);
-  if (smem) blocks = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(blocks, entries / std::max<int64_t>(slots, 1))));
-  return static_cast<int>(std::max<int64_t>(blocks, (entries + kMaxPerBlock - 1) / kMaxPerBlock));
 }
 
 // INPUT_AUTO for entries: *flag = 1 if any valid entry's pred lies outside [0, 1].

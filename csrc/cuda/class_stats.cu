@@ -64,13 +64,14 @@ __device__ inline void count_target(const TopKs& ks, int K, int lane, int rank_t
 }
 
 
-__global__ void indices_kernel(Rows r, const int64_t* preds, int64_t sp, Out o, bool shared_hist) {
-  extern __shared__ double sh[];
+// Index preds: the counts go to block-private uint32 counters in shared memory
+// (native shared atomics; `shared_counts`) when the stats (and the confusion
+// matrix) fit, else to float64 atomics on the state.
+__global__ void indices_kernel(Rows r, const int64_t* preds, int64_t sp, Out o, bool shared_counts) {
+  extern __shared__ uint32_t counts[];
   const int64_t C = r.C;
   const int64_t n_stats = 3 * C, n_conf = o.confmat ? C * C : 0;
-  double* s_stats = shared_hist ? sh : o.stats;
-  double* s_conf = o.confmat == nullptr ? nullptr : shared_hist ? sh + n_stats : o.confmat;
-  if (shared_hist) shared_zero(sh, n_stats + n_conf);
+  if (shared_counts) counters_zero(counts, n_stats + n_conf);
   double rows = 0.0, bad = 0.0;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < r.n; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t t = r.target[i * r.st];
@@ -80,15 +81,22 @@ __global__ void indices_kernel(Rows r, const int64_t* preds, int64_t sp, Out o, 
       bad += 1.0;
       continue;
     }
-    if (p == t) atomicAdd(s_stats + stats_tp(0, t, C), 1.0);
-    atomicAdd(s_stats + stats_pred(0, p, C), 1.0);
-    atomicAdd(s_stats + stats_target(0, t, C), 1.0);
-    if (s_conf) atomicAdd(s_conf + t * C + p, 1.0);
+    if (shared_counts) {
+      if (p == t) atomicAdd(counts + stats_tp(0, t, C), 1u);
+      atomicAdd(counts + stats_pred(0, p, C), 1u);
+      atomicAdd(counts + stats_target(0, t, C), 1u);
+      if (n_conf) atomicAdd(counts + n_stats + t * C + p, 1u);
+    } else {
+      if (p == t) atomicAdd(o.stats + stats_tp(0, t, C), 1.0);
+      atomicAdd(o.stats + stats_pred(0, p, C), 1.0);
+      atomicAdd(o.stats + stats_target(0, t, C), 1.0);
+      if (n_conf) atomicAdd(o.confmat + t * C + p, 1.0);
+    }
     rows += 1.0;
   }
-  if (shared_hist) {
-    shared_flush(sh, o.stats, n_stats);
-    if (n_conf) shared_flush(sh + n_stats, o.confmat, n_conf);
+  if (shared_counts) {
+    counters_flush(counts, o.stats, n_stats);
+    if (n_conf) counters_flush(counts + n_stats, o.confmat, n_conf);
   }
   __shared__ double scratch[kThreads / kWarp];
   rows = block_sum(rows, scratch);
@@ -556,9 +564,9 @@ void class_stats_cuda(const at::Tensor& preds_in, const at::Tensor& target, cons
         extras.data_ptr<double>(), bad.data_ptr<double>()};
   if (!at::isFloatingType(preds_in.scalar_type())) {
     const int64_t slots = 3 * C + (confmat.has_value() ? C * C : 0);
-    const bool shared_hist = slots <= kSharedSlots;
-    indices_kernel<<<blocks_for(n), kThreads, shared_hist ? slots * sizeof(double) : 0, stream>>>(
-        r, preds_in.data_ptr<int64_t>(), preds_in.stride(0), o, shared_hist);
+    const size_t smem = counter_smem(indices_kernel, slots);
+    indices_kernel<<<counter_blocks(indices_kernel, n, n, smem, slots), kThreads, smem, stream>>>(
+        r, preds_in.data_ptr<int64_t>(), preds_in.stride(0), o, smem != 0);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     return;
   }

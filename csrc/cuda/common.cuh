@@ -21,10 +21,6 @@ namespace cuda {
 
 constexpr int kThreads = 256;
 constexpr int kWarp = 32;
-// Private shared-memory accumulators per block up to this many doubles; larger
-// states use global atomics. Without an opt-in a block's static and dynamic
-// shared memory together stay within 48 KiB: 1 KiB is left for the static.
-constexpr int64_t kSharedSlots = (48 * 1024 - 1024) / sizeof(double);
 
 // Blocks for `work` items: enough to fill the GPU, grid-stride beyond that.
 inline int blocks_for(int64_t work, int per_block = kThreads) {
@@ -88,20 +84,6 @@ __device__ inline void add_block_count(uint32_t c, double* g) {
   if (threadIdx.x == 0 && total != 0u) atomicAdd(g, static_cast<double>(total));
 }
 
-// Zero `n` shared doubles, then sync.
-__device__ inline void shared_zero(double* s, int64_t n) {
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) s[i] = 0.0;
-  __syncthreads();
-}
-
-// Add `n` shared doubles into global memory (non-zero ones only), after a sync.
-__device__ inline void shared_flush(const double* s, double* g, int64_t n) {
-  __syncthreads();
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-    if (s[i] != 0.0) atomicAdd(g + i, s[i]);
-  }
-}
-
 // Resident blocks per SM of `kernel` (occupancy API, host-only: no sync and
 // capturable), cached per (kernel, device, smem).
 inline int blocks_per_sm(const void* kernel, int threads, size_t smem) {
@@ -125,6 +107,54 @@ inline int one_wave(K kernel, int64_t work, int threads = kThreads, size_t smem 
   const int64_t sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   const int64_t want = (work + threads - 1) / threads;
   return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(want, sms * std::max(per_sm, 1))));
+}
+
+// Elements per block are bounded so that uint32 counters cannot overflow.
+constexpr int64_t kMaxPerBlock = int64_t(1) << 31;
+
+// Block-private uint32 counters in dynamic shared memory (native ATOMS.ADD,
+// not the float64 CAS loop), flushed into the float64 state once per block.
+__device__ inline void counters_zero(uint32_t* s, int64_t n) {
+  for (int64_t k = threadIdx.x; k < n; k += blockDim.x) s[k] = 0u;
+  __syncthreads();
+}
+
+__device__ inline void counters_flush(const uint32_t* s, double* g, int64_t n) {
+  __syncthreads();
+  for (int64_t k = threadIdx.x; k < n; k += blockDim.x) {
+    if (s[k] != 0u) atomicAdd(g + k, static_cast<double>(s[k]));
+  }
+}
+
+// Shared bytes for `slots` uint32 counters, or 0 when they do not fit the
+// opt-in limit (the kernel then adds into the global state). The limits bound
+// the kernel's static plus dynamic shared memory, so near them the static size
+// is read; past the default 48 KiB the kernel's dynamic limit is raised.
+template <class K>
+inline size_t counter_smem(K kernel, int64_t slots) {
+  const int64_t bytes = slots * static_cast<int64_t>(sizeof(uint32_t));
+  const auto* prop = at::cuda::getCurrentDeviceProperties();
+  const int64_t fits = static_cast<int64_t>(prop->sharedMemPerBlock) - 1024;  // static smem is far below 1 KiB
+  if (bytes <= fits) return static_cast<size_t>(bytes);
+  cudaFuncAttributes attr;
+  C10_CUDA_CHECK(cudaFuncGetAttributes(&attr, reinterpret_cast<const void*>(kernel)));
+  const int64_t total = bytes + static_cast<int64_t>(attr.sharedSizeBytes);
+  if (total > static_cast<int64_t>(prop->sharedMemPerBlockOptin)) return 0;
+  if (total > static_cast<int64_t>(prop->sharedMemPerBlock)) {
+    C10_CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+  }
+  return static_cast<size_t>(bytes);
+}
+
+// Blocks of one wave for `work` threads, at least enough that no block sees
+// kMaxPerBlock entries, and (private counters) each block reads about as many
+// entries as it flushes.
+template <class K>
+inline int counter_blocks(K kernel, int64_t work, int64_t entries, size_t smem, int64_t slots) {
+  int blocks = one_wave(kernel, work, kThreads, smem);
+  if (smem) blocks = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(blocks, entries / std::max<int64_t>(slots, 1))));
+  return static_cast<int>(std::max<int64_t>(blocks, (entries + kMaxPerBlock - 1) / kMaxPerBlock));
 }
 
 // 16-byte vectors of a 1-D input: [0, head) and [body_end, n) are scalar,

@@ -51,7 +51,7 @@ ONE_PASS = ("scores_warp_kernel", "scores_block_kernel")
 # the same, a thread per row (<= 32 classes, class-strided rows): scalar loads by design
 THREAD_ROWS = ("scores_thread_kernel",)
 OURS = ONE_D + ENTRIES + ONE_PASS + THREAD_ROWS + ("any_logit_kernel", "any_logit_rows_kernel", "rows_kernel", "set_pivot_kernel",
-                                     "scores_kernel")
+                                     "scores_kernel", "indices_kernel")
 # log2(e) as a float64 (high word): every float64 exp loads it.
 F64_LOG2E = "0x3ff71547"
 
@@ -125,7 +125,8 @@ def resources() -> dict[str, dict[str, int]]:
 
 def family(names, fam: str) -> list[str]:
     # "rows_kernel" is also a suffix of "any_logit_rows_kernel": match the whole word
-    return [n for n in names if re.search(rf"(?<![a-z_]){fam}I", n)]
+    # (then I: a template's arguments, or E: the end of a plain function's name)
+    return [n for n in names if re.search(rf"(?<![a-z_]){fam}[IE]", n)]
 
 
 def test_every_family_is_in_the_binary():
