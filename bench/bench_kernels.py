@@ -107,6 +107,11 @@ def case_score_histogram(N, C):
     return run, raw, N * 12, 10 * N * 8
 
 
+def tiny_classes(case: str) -> int:
+    """C of the N=1 (per-call overhead) row of ``case``."""
+    return 10 if case.startswith("class_stats") or case == "score_histogram" else 0
+
+
 CASES = {
     "weighted_moments": case_weighted_moments,
     "running_extrema": case_running_extrema,
@@ -176,7 +181,7 @@ def main(argv=None) -> int:
 
     # per-call overhead at N=1: the raw op and the wrapper
     for case, make in CASES.items():
-        C = 10 if case.startswith("class_stats") else (10 if case == "score_histogram" else 0)
+        C = tiny_classes(case)
         run, raw, _, _ = make(1, C)
         shape = f"N=1,C={C}"
         if have_cpp:
@@ -224,7 +229,7 @@ def main_cuda(a, quick: bool) -> int:
 
     cases = {k: v for k, v in CASES.items() if k not in a.skip}
     for case, make in cases.items():  # per-call overhead (launch + wrapper) at N=1
-        C = 10 if case.startswith("class_stats") or case == "score_histogram" else 0
+        C = tiny_classes(case)
         run, raw, _, _ = make(1, C)
         shape = f"N=1,C={C}"
         if "cuda" in providers:

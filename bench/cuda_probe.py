@@ -26,8 +26,7 @@ def one_case(case: str, n: int) -> None:
     import d9d_kernels as dk
 
     bk.DEV = torch.device("cuda")
-    C = 10 if case.startswith("class_stats") or case == "score_histogram" else 0
-    run, raw, _, _ = bk.CASES[case](n, C)
+    run, raw, _, _ = bk.CASES[case](n, bk.tiny_classes(case))
     calls = [("raw", raw)] + [(b, lambda b=b: run(b)) for b in ("cuda", "triton", "torch") if b in dk.ops.backends()]
     for name, fn in calls:
         fn()
@@ -47,6 +46,7 @@ def class_stats_variants(out: str) -> None:
     import d9d_kernels  # noqa: F401  (registers torch.ops.d9d_kernels)
 
     dev = torch.device("cuda")
+    op = torch.ops.d9d_kernels.class_stats.default
     rows = []
     for (n, C), dtype in (((16384, 128000), torch.bfloat16), ((4096, 128000), torch.float32),
                           ((16384, 32000), torch.bfloat16)):
@@ -59,7 +59,6 @@ def class_stats_variants(out: str) -> None:
         rows.append(dict(n=n, C=C, dtype=name, top_ks="floor", nll="", p50_us=round(floor * 1e3)))
         for ks, nll in (((1,), False), ((1,), True), ((1, 5), False), ((1, 5), True), ((1, 5, 10), True)):
             st, ex, bad = (torch.zeros(s, dtype=torch.float64, device=dev) for s in ((len(ks), 3, C), (2,), (2,)))
-            op = torch.ops.d9d_kernels.class_stats.default
             ms = do_bench(lambda: op(x, t, None, C, None, list(ks), nll, st, None, ex, bad), return_mode="median")
             print(f"    top_ks={ks} nll={nll}: {ms * 1e3:.0f} us = {floor / ms:.2f} of the read floor", flush=True)
             rows.append(dict(n=n, C=C, dtype=name, top_ks=",".join(map(str, ks)), nll=nll, p50_us=round(ms * 1e3)))

@@ -126,5 +126,13 @@ def finite(x):
 
 
 @triton.jit
+def add_histogram(ptr, h, n, NB: tl.constexpr):
+    """Adds a program's int32 histogram ``h`` (``NB`` bins) into the float64
+    state ``ptr[0:n]``: one relaxed atomic per non-empty bin."""
+    bins = tl.arange(0, NB)
+    tl.atomic_add(ptr + bins, h.to(tl.float64), mask=(bins < n) & (h > 0), sem="relaxed")
+
+
+@triton.jit
 def sigmoid(x):
     return 1.0 / (1.0 + tl.exp(-x))

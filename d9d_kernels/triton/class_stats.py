@@ -34,7 +34,7 @@ import triton
 import triton.language as tl
 
 from d9d_kernels.triton._common import (
-    BLOCK, INTERPRETED, MAX_PROGRAMS, TILE, as_u8, finite, launch, pow2, programs, register,
+    BLOCK, INTERPRETED, MAX_PROGRAMS, TILE, add_histogram, as_u8, finite, launch, pow2, programs, register,
 )
 
 #: index preds: per-program histograms of the counts up to this many classes
@@ -98,13 +98,11 @@ def _index_kernel(p_ptr, t_ptr, m_ptr, stats_ptr, confmat_ptr, extras_ptr, bad_p
     tl.atomic_add(bad_ptr, tl.sum(n_bad, 0), sem="relaxed")
     tl.atomic_add(extras_ptr, tl.sum(n_ok, 0), sem="relaxed")
     if NB > 0:
-        b = tl.arange(0, NB)
-        tl.atomic_add(stats_ptr + b, h_tp.to(tl.float64), mask=(b < C) & (h_tp > 0), sem="relaxed")
-        tl.atomic_add(stats_ptr + C + b, h_p.to(tl.float64), mask=(b < C) & (h_p > 0), sem="relaxed")
-        tl.atomic_add(stats_ptr + 2 * C + b, h_t.to(tl.float64), mask=(b < C) & (h_t > 0), sem="relaxed")
+        add_histogram(stats_ptr, h_tp, C, NB)
+        add_histogram(stats_ptr + C, h_p, C, NB)
+        add_histogram(stats_ptr + 2 * C, h_t, C, NB)
     if CM_NB > 0:
-        b = tl.arange(0, CM_NB)
-        tl.atomic_add(confmat_ptr + b, h_cm.to(tl.float64), mask=(b < C * C) & (h_cm > 0), sem="relaxed")
+        add_histogram(confmat_ptr, h_cm, C * C, CM_NB)
 
 
 @triton.jit

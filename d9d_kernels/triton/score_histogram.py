@@ -28,7 +28,9 @@ import triton
 import triton.language as tl
 
 from d9d_kernels.reference import INPUT_AUTO
-from d9d_kernels.triton._common import MAX_PROGRAMS, TILE, as_u8, finite, launch, loadable, pow2, register
+from d9d_kernels.triton._common import (
+    MAX_PROGRAMS, TILE, add_histogram, as_u8, finite, launch, loadable, pow2, register,
+)
 from d9d_kernels.triton.binary_stats import grid_2d, load_tile, logit_flag, outside_kernel, tile_2d, to_prob
 
 #: binary / multilabel: per-program histograms up to this many [2, L, B] cells
@@ -63,8 +65,7 @@ def _binary_hist_kernel(p_ptr, t_ptr, m_ptr, flag_ptr, hist_ptr, bad_ptr, n, L, 
     tl.atomic_add(bad_ptr, tl.sum(n_bad_t, 0).to(tl.float64), sem="relaxed")
     tl.atomic_add(bad_ptr + 1, tl.sum(n_bad_p, 0).to(tl.float64), sem="relaxed")
     if NB > 0:
-        bins = tl.arange(0, NB)
-        tl.atomic_add(hist_ptr + bins, h.to(tl.float64), mask=(bins < 2 * L * B) & (h > 0), sem="relaxed")
+        add_histogram(hist_ptr, h, 2 * L * B, NB)
 
 
 @triton.jit
