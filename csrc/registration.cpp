@@ -39,10 +39,11 @@ TORCH_LIBRARY(d9d_kernels, m) {
       "group_values(Tensor sum, Tensor max, Tensor replica, Tensor program, Tensor beta, "
       "Tensor(a!) out) -> ()");
   // Internal (CPU only, not in d9d_kernels._extension.OPS): the per-row partials
-  // of a vocab-parallel shard and their combination over the tp ranks,
-  // csrc/cpu/vocab_partials.cpp.
+  // of a vocab-parallel shard, and their combination over the tp ranks added
+  // to the class_stats state, csrc/cpu/vocab_partials.cpp.
   m.def("vocab_partials(Tensor x, Tensor target, int start, int kmax, bool sumexp, Tensor(a!) out) -> ()");
   m.def(
-      "vocab_combine(Tensor g, int kmax, bool sumexp, Tensor(a!) row_max, Tensor(b!) lse, Tensor(c!) target_logit, "
-      "Tensor(d!) top) -> ()");
+      "vocab_class_stats(Tensor g, Tensor target, Tensor? mask, int? ignore_index, Tensor? lse, int num_classes, "
+      "int[] top_ks, bool nll, bool rows_by_lse, Tensor(a!) stats, Tensor(b!) extras, Tensor(c!) bad, "
+      "Tensor(d!)? confmat) -> ()");
 }

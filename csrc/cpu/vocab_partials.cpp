@@ -10,9 +10,10 @@
 // and its first columns as top-k (another rank may hold finite scores).
 // One read of each row from memory: it is converted to float once
 // (bfloat16/float16) and scanned from cache by topk_scan and the exp pass.
-// vocab_combine (below): the tp ranks' gathered partials combined per row.
-// Specification: vocab_parallel._local_partials and _combine (torch ops,
-// the fallback where these ops do not run). Internal, not public ops.
+// vocab_class_stats (below): the tp ranks' gathered partials combined per
+// row and added to the class_stats state.
+// Specification: vocab_parallel._local_partials, _combine and _add_rows
+// (torch ops, the fallback where these ops do not run). Internal, not public ops.
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -144,80 +145,143 @@ inline double max_nan(double a, double b) {
   return is_nan(a) || is_nan(b) ? std::numeric_limits<double>::quiet_NaN() : (b > a ? b : a);
 }
 
-// vocab_combine: the tp ranks' gathered partials g [W, N, P] (rows as
-// vocab_partials writes them) combined per row: row_max = max over ranks
-// (NaN propagates), target_logit = max over ranks (-Inf but on the target's
-// rank), lse = M + log Σ_r s_r exp(m_r - M) (M the row max, 0 if not finite)
-// when sumexp, top = the kmax best global indices of the merged lists by
-// (value desc, index asc). Each rank's list is already in that order and
-// the ranks' columns are disjoint, so a W-way merge of the list heads gives
-// the order torch's two stable sorts give (vocab_parallel._combine).
-// Rows without a finite max are bad once combined: their top is 0.
-void vocab_combine_cpu(const at::Tensor& g, int64_t kmax, bool sumexp, const at::Tensor& row_max,
-                       const at::Tensor& lse, const at::Tensor& target_logit, const at::Tensor& top) {
-  const char* op = "vocab_combine";
+// One row of the tp ranks' gathered partials g [W, N, P] (rows as
+// vocab_partials writes them) combined: row max = max over ranks (NaN
+// propagates), target logit = max over ranks (-Inf but on the target's rank),
+// lse = M + log Σ_r s_r exp(m_r - M) (M the row max, 0 if not finite) when
+// sumexp, top = the kmax best global indices of the merged lists by (value
+// desc, index asc). Each rank's list is already in that order and the ranks'
+// columns are disjoint, so a W-way merge of the list heads gives the order
+// torch's two stable sorts give (vocab_parallel._combine). head: W slots.
+struct Combined {
+  double max, target_logit, lse;
+};
+
+Combined combine_row(const double* p, int64_t W, int64_t n, int64_t P, int64_t i, int kmax, bool sumexp,
+                     int64_t* head, int64_t* top) {
+  Combined c{-std::numeric_limits<double>::infinity(), -std::numeric_limits<double>::infinity(), 0.0};
+  for (int64_t r = 0; r < W; ++r) {
+    const double* q = p + (r * n + i) * P;
+    c.max = max_nan(c.max, q[0]);
+    c.target_logit = max_nan(c.target_logit, q[1]);
+  }
+  const bool finite = c.max - c.max == 0.0;
+  if (sumexp) {
+    const double ms = finite ? c.max : 0.0;
+    double s = 0.0;
+    for (int64_t r = 0; r < W; ++r) {
+      const double* q = p + (r * n + i) * P;
+      s += q[2] * std::exp(q[0] - ms);
+    }
+    c.lse = ms + std::log(s);
+  }
+  if (!finite) return c;  // a bad row: its top is never read
+  const int first = 2 + int(sumexp);
+  std::fill(head, head + W, int64_t(0));
+  for (int j = 0; j < kmax; ++j) {
+    int64_t best = -1;
+    double bv = 0.0, bi = 0.0;
+    for (int64_t r = 0; r < W; ++r) {
+      if (head[r] == kmax) continue;
+      const double* q = p + (r * n + i) * P + first;
+      const double v = q[head[r]], ix = q[kmax + head[r]];
+      if (best < 0 || v > bv || (v == bv && ix < bi)) {
+        best = r;
+        bv = v;
+        bi = ix;
+      }
+    }
+    top[j] = static_cast<int64_t>(bi);
+    ++head[best];
+  }
+  return c;
+}
+
+// vocab_class_stats: the gathered partials g [W, N, P] combined per row
+// (combine_row) and added to the class_stats state exactly as
+// vocab_parallel.add_vocab_class_stats' torch ops add them (its
+// specification): rows kept by mask and ignore_index; bad[0] += kept rows
+// whose target is outside [0, num_classes), bad[1] += kept rows with a good
+// target whose scores have no finite max (or, rows_by_lse, whose lse is not
+// finite); the rest are valid: extras[0] += 1, per k of top_ks stats[k]
+// (tp, predicted, target) and confmat[target, top-1]. NLL: lse - target
+// logit over the valid rows, or with lse given, lse - target logit over the
+// kept rows with a good target and a finite lse. Rows are added in order on
+// one thread: a few thousand rows of a few ranks cost microseconds.
+void vocab_class_stats_cpu(const at::Tensor& g, const at::Tensor& target, const std::optional<at::Tensor>& mask,
+                           std::optional<int64_t> ignore_index, const std::optional<at::Tensor>& lse,
+                           int64_t num_classes, at::IntArrayRef top_ks, bool nll, bool rows_by_lse,
+                           const at::Tensor& stats, const at::Tensor& extras, const at::Tensor& bad,
+                           const std::optional<at::Tensor>& confmat) {
+  const char* op = "vocab_class_stats";
+  const int64_t C = num_classes, K = static_cast<int64_t>(top_ks.size());
+  D9D_CHECK(C >= 1, op, "num_classes", "must be >= 1, got ", C);
+  int64_t kmax = confmat.has_value() ? 1 : 0;
+  for (const int64_t k : top_ks) {
+    D9D_CHECK(k >= 1 && k <= kTopKBuffer, op, "top_ks", "must be in [1, ", kTopKBuffer, "], got ", top_ks);
+    kmax = std::max(kmax, k);
+  }
+  const bool sumexp = nll && !lse.has_value();
+  D9D_CHECK(!rows_by_lse || lse.has_value(), op, "rows_by_lse", "needs lse");
   const int64_t P = 2 + int64_t(sumexp) + 2 * kmax;
-  D9D_CHECK(kmax >= 0 && kmax <= kTopKBuffer, op, "kmax", "must be in [0, ", kTopKBuffer, "], got ", kmax);
   D9D_CHECK_TYPE(g.scalar_type() == at::kDouble, op, "g", "must be float64, got ", g.scalar_type());
   D9D_CHECK(g.dim() == 3 && g.size(0) >= 1 && g.size(2) == P && g.is_contiguous(), op, "g",
             "must be a contiguous [W >= 1, N, ", P, "], got shape ", g.sizes());
   const int64_t W = g.size(0), n = g.size(1);
-  check_state(op, "row_max", row_max, {n}, g.device());
-  check_state(op, "lse", lse, {sumexp ? n : 0}, g.device());
-  check_state(op, "target_logit", target_logit, {n}, g.device());
-  check_index(op, "top", top);
-  D9D_CHECK(top.sizes() == at::IntArrayRef({n, kmax}) && top.is_contiguous(), op, "top",
-            "must be a contiguous int64 [", n, ", ", kmax, "], got shape ", top.sizes());
-  check_device(op, "top", top, g.device());
+  const at::Device dev = g.device();
+  check_index(op, "target", target);
+  D9D_CHECK(target.dim() == 1 && target.size(0) == n, op, "target", "must be [N] = [", n, "], got shape ",
+            target.sizes());
+  check_device(op, "target", target, dev);
+  check_mask(op, mask, {n}, dev);
+  if (mask.has_value()) D9D_CHECK(mask->is_contiguous(), op, "mask", "must be contiguous");
+  if (lse.has_value()) check_state(op, "lse", *lse, {n}, dev);
+  check_state(op, "stats", stats, {K, 3, C}, dev);
+  check_state(op, "extras", extras, {2}, dev);
+  check_state(op, "bad", bad, {2}, dev);
+  if (confmat.has_value()) check_state(op, "confmat", *confmat, {C, C}, dev);
+
   const double* p = g.data_ptr<double>();
-  double *M = row_max.data_ptr<double>(), *L = lse.data_ptr<double>(), *T = target_logit.data_ptr<double>();
-  int64_t* K = top.data_ptr<int64_t>();
-  const int c = 2 + int(sumexp);
-  at::parallel_for(0, n, 4096, [&](int64_t b, int64_t e) {
-    std::vector<int64_t> head(W);
-    for (int64_t i = b; i < e; ++i) {
-      double m = -std::numeric_limits<double>::infinity(), t = m;
-      for (int64_t r = 0; r < W; ++r) {
-        const double* q = p + (r * n + i) * P;
-        m = max_nan(m, q[0]);
-        t = max_nan(t, q[1]);
-      }
-      M[i] = m;
-      T[i] = t;
-      const bool finite = m - m == 0.0;
-      if (sumexp) {
-        const double ms = finite ? m : 0.0;
-        double s = 0.0;
-        for (int64_t r = 0; r < W; ++r) {
-          const double* q = p + (r * n + i) * P;
-          s += q[2] * std::exp(q[0] - ms);
-        }
-        L[i] = ms + std::log(s);
-      }
-      int64_t* out = K + i * kmax;
-      if (!finite) {
-        std::fill(out, out + kmax, int64_t(0));
-        continue;
-      }
-      std::fill(head.begin(), head.end(), int64_t(0));
-      for (int64_t j = 0; j < kmax; ++j) {
-        int64_t best = -1;
-        double bv = 0.0, bi = 0.0;
-        for (int64_t r = 0; r < W; ++r) {
-          if (head[r] == kmax) continue;
-          const double* q = p + (r * n + i) * P + c;
-          const double v = q[head[r]], ix = q[kmax + head[r]];
-          if (best < 0 || v > bv || (v == bv && ix < bi)) {
-            best = r;
-            bv = v;
-            bi = ix;
-          }
-        }
-        out[j] = static_cast<int64_t>(bi);
-        ++head[best];
-      }
+  const int64_t* t = target.data_ptr<int64_t>();
+  const int64_t ts = target.stride(0);
+  const bool* keep_mask = mask.has_value() ? mask->data_ptr<bool>() : nullptr;
+  const double* l = lse.has_value() ? lse->data_ptr<double>() : nullptr;
+  double *st = stats.data_ptr<double>(), *ex = extras.data_ptr<double>(), *bd = bad.data_ptr<double>();
+  double* cm = confmat.has_value() ? confmat->data_ptr<double>() : nullptr;
+  std::vector<int64_t> head(W), top(std::max<int64_t>(kmax, 1));
+  double valid = 0.0, nll_sum = 0.0, bad_target = 0.0, bad_preds = 0.0;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t y = t[i * ts];
+    if ((keep_mask != nullptr && !keep_mask[i]) || (ignore_index.has_value() && y == *ignore_index)) continue;
+    if (y < 0 || y >= C) {
+      bad_target += 1.0;
+      continue;
     }
-  });
+    const Combined c = combine_row(p, W, n, P, i, static_cast<int>(kmax), sumexp, head.data(), top.data());
+    const bool lse_finite = l != nullptr && l[i] - l[i] == 0.0;
+    if (nll && l != nullptr && lse_finite) nll_sum += l[i] - c.target_logit;
+    if (!(rows_by_lse ? lse_finite : c.max - c.max == 0.0)) {
+      bad_preds += 1.0;
+      continue;
+    }
+    valid += 1.0;
+    if (sumexp) nll_sum += c.lse - c.target_logit;
+    for (int64_t k = 0; k < K; ++k) {
+      double* s = st + k * 3 * C;
+      bool hit = false;
+      for (int64_t j = 0; j < top_ks[k]; ++j) {
+        hit = hit || top[j] == y;
+        s[C + top[j]] += 1.0;
+      }
+      s[y] += hit ? 1.0 : 0.0;
+      s[2 * C + y] += 1.0;
+    }
+    if (cm != nullptr) cm[y * C + top[0]] += 1.0;
+  }
+  ex[0] += valid;
+  if (nll) ex[1] += nll_sum;
+  bd[0] += bad_target;
+  bd[1] += bad_preds;
 }
 
 }  // namespace
@@ -225,5 +289,5 @@ void vocab_combine_cpu(const at::Tensor& g, int64_t kmax, bool sumexp, const at:
 
 TORCH_LIBRARY_IMPL(d9d_kernels, CPU, m) {
   m.impl("vocab_partials", &d9d::vocab_partials_cpu);
-  m.impl("vocab_combine", &d9d::vocab_combine_cpu);
+  m.impl("vocab_class_stats", &d9d::vocab_class_stats_cpu);
 }

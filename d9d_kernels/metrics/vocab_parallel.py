@@ -17,9 +17,9 @@ members) takes such a shard:
 2. ONE ``all_gather`` over the tp context of a ``[N, P]`` float64 buffer of
    these partials per update;
 3. every tp rank combines the gathered partials identically (global max,
-   logsumexp, target logit, merged top-k; on CPU the compiled
-   ``vocab_combine``, elsewhere torch ops, ``_combine``) and writes the same
-   state as the unsharded update would (valid / ignored / bad counts, NaN /
+   logsumexp, target logit, merged top-k) and writes the same state as the
+   unsharded update would; on CPU in one compiled call
+   (``ops.vocab_class_stats``), elsewhere torch ops (``_combine``, ``_add_rows``) (valid / ignored / bad counts, NaN /
    +Inf / all -Inf rows, ``mask`` and ``ignore_index``, tie rules).
 
 The tp ranks so hold replicas of the state: sync the metric over the data
@@ -41,11 +41,11 @@ from typing import Any
 import torch
 
 from d9d_kernels.metrics import _args as A
-from d9d_kernels.ops.vocab_partials import vocab_combine, vocab_partials
+from d9d_kernels.ops.vocab_partials import vocab_class_stats, vocab_partials
 from d9d_kernels.reference import add_bad
 from d9d_kernels.distributed import DistributedContext, as_context
 
-__all__ = ["VocabShard", "VocabSplit", "resolve", "vocab_rows", "add_vocab_class_stats"]
+__all__ = ["VocabShard", "VocabSplit", "resolve", "vocab_gather", "add_vocab_class_stats"]
 
 #: scores reduced at once: bounds the float32 temporary of the exp pass
 #: (4 MiB) whatever N is; fewer, larger chunks pay less per-op overhead (bench/bench_lm.py --tp)
@@ -259,31 +259,15 @@ def _local_topk(x, bmax, kmax, start, vals, idx) -> None:
         idx[:, kk:] = float(PAST)
 
 
-class VocabRows:
-    """The combined per-row results of one vocab-parallel update (identical on every tp rank).
-
-    ``row_max`` float64 [N] (NaN/+Inf/-Inf flag bad rows), ``lse`` float64
-    [N] or None, ``target_logit`` float64 [N], ``top`` int64 [N, kmax]
-    global indices, best first (ties: lower index first), or None."""
-
-    __slots__ = ("row_max", "lse", "target_logit", "top")
-
-    def __init__(self, row_max, lse, target_logit, top):
-        self.row_max, self.lse, self.target_logit, self.top = row_max, lse, target_logit, top
-
-
-def vocab_rows(x: torch.Tensor, t: torch.Tensor, split: VocabSplit, kmax: int, sumexp: bool) -> VocabRows:
-    """Partials of the shard ``x`` ``[N, size]`` (targets ``t`` ``[N]``), ONE
-    all-gather over the tp context, and their combination."""
-    n = x.shape[0]
+def vocab_gather(x: torch.Tensor, t: torch.Tensor, split: VocabSplit, kmax: int, sumexp: bool) -> torch.Tensor:
+    """The partials of the shard ``x`` ``[N, size]`` (targets ``t`` ``[N]``) of
+    every tp rank, ``[W, N, P]``: this rank's pass and ONE all-gather over the tp context."""
     buf = vocab_partials(x, t, split.start, kmax, sumexp)
     if buf is None:
         buf = _chunked_partials(x, t, split.start, kmax, sumexp)
-    W = split.ctx.world_size
-    g = torch.empty(W, *buf.shape, dtype=torch.float64, device=x.device)
+    g = torch.empty(split.ctx.world_size, *buf.shape, dtype=torch.float64, device=x.device)
     split.ctx.all_gather_into_tensor(g, buf).wait()
-    done = vocab_combine(g, kmax, sumexp)
-    return VocabRows(*done) if done is not None else _combine(g, n, W, kmax, sumexp)
+    return g
 
 
 def _chunked_partials(x: torch.Tensor, t: torch.Tensor, start: int, kmax: int, sumexp: bool) -> torch.Tensor:
@@ -301,9 +285,22 @@ def _chunked_partials(x: torch.Tensor, t: torch.Tensor, start: int, kmax: int, s
     return buf
 
 
+class VocabRows:
+    """The combined per-row results of one vocab-parallel update (identical on every tp rank).
+
+    ``row_max`` float64 [N] (NaN/+Inf/-Inf flag bad rows), ``lse`` float64
+    [N] or None, ``target_logit`` float64 [N], ``top`` int64 [N, kmax]
+    global indices, best first (ties: lower index first), or None."""
+
+    __slots__ = ("row_max", "lse", "target_logit", "top")
+
+    def __init__(self, row_max, lse, target_logit, top):
+        self.row_max, self.lse, self.target_logit, self.top = row_max, lse, target_logit, top
+
+
 def _combine(g: torch.Tensor, n: int, W: int, kmax: int, sumexp: bool) -> VocabRows:
     """The gathered partials ``g`` ``[W, n, P]`` combined per row with torch
-    ops (the specification of ``ops.vocab_combine``, and where it cannot run)."""
+    ops (with ``_add_rows`` the specification of ``ops.vocab_class_stats``, and where it cannot run)."""
     m_r = g[:, :, 0]
     M = m_r.amax(0)
     target_logit = g[:, :, 1].amax(0)  # -inf on every rank but the target's
@@ -337,44 +334,62 @@ def add_vocab_class_stats(state: dict, preds: torch.Tensor, target: torch.Tensor
     loss's); the exp pass is skipped and the NLL is ``lse - s[target]`` over
     the rows with a finite lse, as ``text.add_lse_nll``; ``rows_by_lse``
     (Perplexity without ``num_classes``): those rows are also the valid ones
-    (``add_lse_nll(count_rows=True)``), else the scores decide as in the kernel."""
+    (``add_lse_nll(count_rows=True)``), else the scores decide as in the kernel.
+
+    On CPU ``ops.vocab_class_stats`` combines and adds the rows in one call;
+    elsewhere ``_combine`` and ``_add_rows`` (torch ops, its specification)."""
     V = split.total
     if split.rows == 0:  # every tp rank has no rows (resolve checked): nothing to gather
         return
     x = preds.reshape(-1, preds.shape[-1])
     t = target.reshape(-1).to(torch.int64)
     kmax = max(max(top_ks, default=0), 1 if confmat else 0)
-    r = vocab_rows(x, t, split, kmax, sumexp=nll and lse is None)
-    keep = torch.ones_like(t, dtype=torch.bool) if mask is None else torch.broadcast_to(mask, target.shape).reshape(-1)
+    sumexp = nll and lse is None
+    g = vocab_gather(x, t, split, kmax, sumexp)
+    m = None if mask is None else torch.broadcast_to(mask, target.shape).reshape(-1).contiguous()
+    l = None if lse is None else lse.reshape(-1).to(torch.float64).contiguous()
+    stats = state.get("stats")
+    if stats is None:  # an NLL-only statistic: no class counts
+        stats = g.new_empty(0, 3, V)
+    out = (stats, state["extras"], state["bad"], state.get("confmat") if confmat else None)
+    if vocab_class_stats(g, t, m, ignore_index, l, V, top_ks, nll, rows_by_lse and l is not None, *out):
+        return
+    _add_rows(_combine(g, t.shape[0], g.shape[0], kmax, sumexp), t, m, ignore_index, V, top_ks, nll, l,
+              rows_by_lse, *out)
+
+
+def _add_rows(r: VocabRows, t: torch.Tensor, mask, ignore_index, V: int, top_ks, nll: bool,
+              lse: torch.Tensor | None, rows_by_lse: bool, stats, extras, bad, confmat) -> None:
+    """The combined rows ``r`` of targets ``t`` ``[N]`` added to the state
+    tensors with torch ops (the specification of ``ops.vocab_class_stats``,
+    and where it cannot run)."""
+    keep = torch.ones_like(t, dtype=torch.bool) if mask is None else mask
     if ignore_index is not None:
         keep = keep & (t != ignore_index)
     preds_ok = torch.isfinite(r.row_max)  # no NaN / +Inf, not all -Inf
     target_ok = (t >= 0) & (t < V)
     if lse is not None:
-        l = lse.reshape(-1).to(torch.float64)
-        l_finite = torch.isfinite(l)
+        l_finite = torch.isfinite(lse)
         lse_ok = keep & target_ok & l_finite
         if rows_by_lse:
             preds_ok = l_finite
-    ok = add_bad(state["bad"], keep, target_ok, preds_ok)
+    ok = add_bad(bad, keep, target_ok, preds_ok)
     okf = ok.to(torch.float64)
     tgt = torch.where(ok, t, 0)
-    e = state["extras"]
+    e = extras
     e[0] += okf.sum()
     if nll and lse is None:
         e[1] += torch.where(ok, r.lse - r.target_logit, 0.0).sum()
     elif nll:
-        e[1] += torch.where(lse_ok, l - r.target_logit, 0.0).sum()
-    if kmax:
+        e[1] += torch.where(lse_ok, lse - r.target_logit, 0.0).sum()
+    if r.top is not None:
         top = torch.where(ok[:, None], r.top, 0)
-    stats = state.get("stats")
-    if top_ks and stats is not None:
-        n = t.shape[0]
-        for i, k in enumerate(top_ks):
-            tk = top[:, :k]
-            hit = (tk == tgt[:, None]).any(1) & ok
-            stats[i, 0].index_add_(0, tgt, hit.to(torch.float64))
-            stats[i, 1].index_add_(0, tk.reshape(-1), okf[:, None].expand(n, k).reshape(-1))
-            stats[i, 2].index_add_(0, tgt, okf)
-    if confmat and state.get("confmat") is not None:
-        state["confmat"].view(-1).index_add_(0, tgt * V + top[:, 0], okf)
+    n = t.shape[0]
+    for i, k in enumerate(top_ks):
+        tk = top[:, :k]
+        hit = (tk == tgt[:, None]).any(1) & ok
+        stats[i, 0].index_add_(0, tgt, hit.to(torch.float64))
+        stats[i, 1].index_add_(0, tk.reshape(-1), okf[:, None].expand(n, k).reshape(-1))
+        stats[i, 2].index_add_(0, tgt, okf)
+    if confmat is not None:
+        confmat.view(-1).index_add_(0, tgt * V + top[:, 0], okf)

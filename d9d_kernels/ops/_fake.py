@@ -134,7 +134,8 @@ def register() -> None:
         torch.library.register_fake(qual)(globals()[name])
     # the internal ops (vocab-parallel partials, fused compute): shape-only
     for qual, fake in (("d9d_kernels::vocab_partials", lambda x, target, start, kmax, sumexp, out: None),
-                       ("d9d_kernels::vocab_combine", lambda g, kmax, sumexp, row_max, lse, target_logit, top: None),
+                       ("d9d_kernels::vocab_class_stats", lambda g, target, mask, ignore_index, lse, num_classes, top_ks,
+                        nll, rows_by_lse, stats, extras, bad, confmat: None),
                        ("d9d_kernels::group_values", lambda sum, max, replica, program, beta, out: None)):
         try:
             torch._C._dispatch_find_schema_or_throw(qual, "")

@@ -236,7 +236,7 @@ def test_torch_partials_and_combine_path_equals_unsharded(monkeypatch, dtype):
     from d9d_kernels.metrics import vocab_parallel as vp
 
     monkeypatch.setattr(vp, "vocab_partials", lambda *a: None)
-    monkeypatch.setattr(vp, "vocab_combine", lambda *a: None)
+    monkeypatch.setattr(vp, "vocab_class_stats", lambda *a: False)
     monkeypatch.setattr(vp, "CHUNK_SCORES", 7 * V)
     local = dk.VocabShard(0, V, dk.DistributedContext.local())
     a, b = _metrics(), _metrics()
@@ -356,20 +356,10 @@ def test_shard_partials_of_wide_and_bad_rows(monkeypatch, impl, dtype):
             assert torch.equal(out[rows, 3 + kmax : 3 + kmax + kk], want.indices[rows, :kk].double() + 7)
 
 
-@pytest.mark.parametrize("W", [1, 2, 3, 5])
-def test_combine_op_equals_the_torch_combine(W):
-    """The compiled combine of gathered partials (a W-way merge) against the
-    torch specification (two stable sorts): same row max, target logit and
-    top-k indices, lse to float64 rounding; shards of uneven widths, some
-    narrower than k, ties across shard borders, -inf masks, all -inf / NaN /
-    +Inf rows."""
-    from d9d_kernels.metrics import vocab_parallel as vp
-
-    op = importlib.import_module("d9d_kernels.ops.vocab_partials")
-    if not op.COMBINE:
-        pytest.skip("d9d_kernels._C without vocab_combine")
+def _gathered(W, n=64, Vw=97):
+    """Logits ``[n, Vw]`` float64 with ties, -inf masks and all -inf / NaN /
+    +Inf rows (0, 1, 2), targets, and the vocabulary split into W uneven shards."""
     g = torch.Generator().manual_seed(W)
-    Vw, n = 97, 64
     x = torch.randint(-3, 4, (n, Vw), generator=g).double()
     x[torch.rand(n, Vw, generator=g) < 0.3] = float("-inf")
     x[32:] = torch.randn(n - 32, Vw, generator=g).double()
@@ -378,23 +368,100 @@ def test_combine_op_equals_the_torch_combine(W):
     x[2, -1] = float("inf")
     t = torch.randint(0, Vw, (n,), generator=g)
     cuts = sorted(torch.randperm(Vw - 1, generator=g)[: W - 1].add(1).tolist())
-    bounds = list(zip([0] + cuts, cuts + [Vw]))
-    for kmax in (0, 1, 5, 7):
-        for sumexp in (False, True):
-            parts = torch.stack([vp._local_partials(x[:, a:b].float(), t, a, kmax, sumexp) for a, b in bounds])
-            got = op.vocab_combine(parts, kmax, sumexp)
-            want = vp._combine(parts, n, W, kmax, sumexp)
-            assert torch.equal(got[0].nan_to_num(), want.row_max.nan_to_num())
-            assert torch.equal(got[2].nan_to_num(), want.target_logit.nan_to_num())
-            ok = torch.isfinite(want.row_max)
-            if sumexp:
-                torch.testing.assert_close(got[1][ok], want.lse[ok], rtol=1e-12, atol=0)
-                torch.testing.assert_close(got[1][ok], torch.logsumexp(x[ok], 1), rtol=1e-6, atol=0)
-            if kmax:
-                assert torch.equal(got[3][ok], want.top[ok]), (kmax, sumexp)
-                ref = torch.sort(x[ok], dim=1, descending=True, stable=True).indices[:, :kmax]
-                assert torch.equal(got[3][ok], ref)
-            assert not ok[:3].any() and ok[3:].all()
+    return x, t, list(zip([0] + cuts, cuts + [Vw]))
+
+
+@pytest.mark.parametrize("W", [1, 2, 3, 5])
+def test_torch_combine_equals_float64_references(W):
+    """The torch combine (two stable sorts; the specification) of gathered
+    partials of uneven shards, some narrower than k: lse against float64
+    ``logsumexp``, top-k against a stable sort of the whole row, bad rows flagged."""
+    from d9d_kernels.metrics import vocab_parallel as vp
+
+    x, t, bounds = _gathered(W)
+    n = x.shape[0]
+    for kmax in (1, 5, 7):
+        parts = torch.stack([vp._local_partials(x[:, a:b].float(), t, a, kmax, True) for a, b in bounds])
+        got = vp._combine(parts, n, W, kmax, True)
+        ok = torch.isfinite(got.row_max)
+        assert not ok[:3].any() and ok[3:].all()
+        torch.testing.assert_close(got.lse[ok], torch.logsumexp(x[ok], 1), rtol=1e-6, atol=0)
+        assert torch.equal(got.target_logit[ok], x[ok].gather(1, t[ok, None])[:, 0])
+        assert torch.equal(got.top[ok], torch.sort(x[ok], dim=1, descending=True, stable=True).indices[:, :kmax])
+
+
+@pytest.mark.parametrize("W", [1, 2, 3, 5])
+def test_class_stats_op_equals_the_torch_combine_and_add(W):
+    """The compiled combine-and-add of gathered partials (a W-way merge, rows
+    added in C++) writes the state its torch specification (``_combine`` then
+    ``_add_rows``) writes: counts exactly, the NLL sum to float64 rounding;
+    every top_ks / confmat / nll / lse / rows_by_lse combination, mask,
+    ignore_index, out-of-range targets, bad rows."""
+    from d9d_kernels.metrics import vocab_parallel as vp
+
+    op = importlib.import_module("d9d_kernels.ops.vocab_partials")
+    if not op.COMBINE:
+        pytest.skip("d9d_kernels._C without vocab_class_stats")
+    x, t, bounds = _gathered(W)
+    n, Vw = x.shape
+    t[3], t[4], t[6], t[7] = -1, Vw, IGNORE, IGNORE  # out of range both sides, ignored
+    mask = torch.rand(n, generator=torch.Generator().manual_seed(7)) < 0.8
+    lse = torch.logsumexp(x, 1)
+    lse[8] = float("inf")
+    lse[9] = float("nan")
+    cases = [(top_ks, confmat, nll, with_lse, by_lse, m)
+             for top_ks in ((), (1,), (1, 5), (7,)) for confmat in (False, True) for nll in (False, True)
+             for with_lse in (False, True) for by_lse in (False, True) for m in (None, mask)
+             if (nll or not with_lse) and (with_lse or not by_lse) and (top_ks or confmat or nll)]
+    for top_ks, confmat, nll, with_lse, by_lse, m in cases:
+        kmax = max(max(top_ks, default=0), int(confmat))
+        sumexp = nll and not with_lse
+        parts = torch.stack([vp._local_partials(x[:, a:b].float(), t, a, kmax, sumexp) for a, b in bounds])
+        l = lse if with_lse else None
+
+        def fresh():
+            return (torch.zeros(len(top_ks), 3, Vw, dtype=torch.float64), torch.zeros(2, dtype=torch.float64),
+                    torch.zeros(2, dtype=torch.float64), torch.zeros(Vw, Vw, dtype=torch.float64) if confmat else None)
+
+        got, want = fresh(), fresh()
+        assert op.vocab_class_stats(parts, t, m, IGNORE, l, Vw, top_ks, nll, by_lse, *got)
+        vp._add_rows(vp._combine(parts, n, W, kmax, sumexp), t, m, IGNORE, Vw, top_ks, nll, l, by_lse, *want)
+        case = (top_ks, confmat, nll, with_lse, by_lse, m is not None)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[2], want[2]), case
+        assert got[1][0] == want[1][0], case
+        torch.testing.assert_close(got[1][1], want[1][1], rtol=1e-12, atol=0, msg=str(case))
+        if confmat:
+            assert torch.equal(got[3], want[3]), case
+        assert want[2][0] > 0 and want[2][1] > 0 and want[1][0] > 0, case  # the case exercises every branch
+
+
+def test_class_stats_op_argument_errors():
+    op = importlib.import_module("d9d_kernels.ops.vocab_partials")
+    if not op.COMBINE:
+        pytest.skip("d9d_kernels._C without vocab_class_stats")
+    f = torch.ops.d9d_kernels.vocab_class_stats
+    n, C = 4, 10
+    g = torch.zeros(2, n, 2 + 1 + 2 * 5, dtype=torch.float64)
+    t = torch.zeros(n, dtype=torch.long)
+    stats, extras, bad = torch.zeros(2, 3, C, dtype=torch.float64), torch.zeros(2, dtype=torch.float64), \
+        torch.zeros(2, dtype=torch.float64)
+    ok = (g, t, None, None, None, C, [1, 5], True, False, stats, extras, bad, None)
+    for i, v, match in [(0, g[:, :, :-1], "argument 'g' must be a contiguous \\[W >= 1, N, 13\\]"),
+                        (1, t[:3], "argument 'target' must be \\[N\\] = \\[4\\]"),
+                        (2, torch.ones(3, dtype=torch.bool), "argument 'mask' must have shape"),
+                        (4, torch.zeros(n), "argument 'g' must be a contiguous \\[W >= 1, N, 12\\]"),
+                        (6, [1, 65], "argument 'top_ks' must be in \\[1, 64\\]"),
+                        (9, stats[:1], "argument 'stats' must be float64 \\[2, 3, 10\\]"),
+                        (12, torch.zeros(C, C + 1, dtype=torch.float64), "argument 'confmat' must be float64")]:
+        args = list(ok)
+        args[i] = v
+        with pytest.raises((ValueError, TypeError), match="vocab_class_stats: " + match):
+            f(*args)
+    with pytest.raises(ValueError, match="argument 'rows_by_lse' needs lse"):
+        f(*ok[:8], True, *ok[9:])
+    with pytest.raises(TypeError, match="vocab_class_stats: argument 'lse' must be float64"):  # lse given: P = 12
+        f(g[:, :, :-1].contiguous(), t, None, None, torch.zeros(n), *ok[5:])
+    assert not stats.any() and not extras.any() and not bad.any()  # checks run before any write
 
 
 def test_vocab_partials_op_argument_errors():
