@@ -15,10 +15,13 @@ Providers, each one update of the three metrics on the same logits/targets
 Rounds interleave the providers (same load on each); medians over rounds.
 --tp T (gloo, T processes of 1 thread each, the vocabulary split as tp_splits):
   d9d_unsharded  the d9d group update of the whole [N, V] on rank 0 with T threads
-  d9d_tp         the same group given each rank's shard and vocab=dk.VocabShard (the
-                 slowest rank of each round): the same total work, plus one all_gather
+  d9d_tp         the same group given each rank's shard and vocab=dk.VocabShard, from
+                 the last rank's start to the last rank's end: the same total work,
+                 plus one all_gather (op "... incl. barrier skew": the slowest rank
+                 from its own start, which counts the barrier's release skew too)
   d9d_tp_lse     the same given lse= (the loss's logsumexp): no exp pass on the shards
-  (op "... cpu-seconds": CPU time of the unsharded update / summed over the tp ranks)
+  (op "... cpu-seconds": CPU time of the unsharded update / summed over the tp ranks;
+  OMP_WAIT_POLICY=PASSIVE in every rank: idle OpenMP workers do not spin on the shared cores)
 Bytes allocated by one update (profiler; an upper bound on its peak extra
 memory) go to bench_lm_memory.json beside the CSV.
 """
@@ -169,28 +172,37 @@ def _tp_rank(rank, tp, N, V, dtype_name, rounds):
         part_lse.update(preds=xs, target=t, lse=lse, vocab=shard)
 
     # wall times, and CPU seconds (process_time: every thread of the process),
-    # which a machine shared with other jobs distorts less
+    # which a machine shared with other jobs distorts less. A tp update's wall
+    # time runs from the moment the LAST rank enters it to the moment the last
+    # one leaves (CLOCK_MONOTONIC is one clock for every process of the
+    # machine): gloo's barrier releases the ranks up to a few ms apart, and
+    # that wait is the barrier's, not the update's ("skew": the slowest
+    # rank's time from its own start, which includes it)
+    clock = lambda: time.clock_gettime(time.CLOCK_MONOTONIC)  # noqa: E731
     tp_fns = {"d9d_tp": sharded, "d9d_tp_lse": sharded_lse}
-    times = {k: [] for k in ("d9d_unsharded", *tp_fns, "cpu:d9d_unsharded", *(f"cpu:{k}" for k in tp_fns))}
+    times = {k: [] for k in ("d9d_unsharded", *tp_fns, "cpu:d9d_unsharded", *(f"cpu:{k}" for k in tp_fns),
+                             *(f"skew:{k}" for k in tp_fns))}
     for r in range(rounds + 1):  # round 0 warms up (plans, the metadata check)
         dist.barrier()
         if rank == 0:
-            t0, c0 = time.perf_counter(), time.process_time()
+            t0, c0 = clock(), time.process_time()
             unsharded()
-            dt, dc = time.perf_counter() - t0, time.process_time() - c0
+            dt, dc = clock() - t0, time.process_time() - c0
             if r:
                 times["d9d_unsharded"].append(dt)
                 times["cpu:d9d_unsharded"].append(dc)
         for k, fn in tp_fns.items():
             dist.barrier()
-            t0, c0 = time.perf_counter(), time.process_time()
+            t0, c0 = clock(), time.process_time()
             fn()
-            spent = torch.tensor([time.perf_counter() - t0, time.process_time() - c0], dtype=torch.float64)
-            worst, total = spent[:1].clone(), spent[1:].clone()
-            dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+            t1, c1 = clock(), time.process_time()
+            last = torch.tensor([t0, t1, t1 - t0], dtype=torch.float64)
+            total = torch.tensor([c1 - c0], dtype=torch.float64)
+            dist.all_reduce(last, op=dist.ReduceOp.MAX)
             dist.all_reduce(total, op=dist.ReduceOp.SUM)
             if r:
-                times[k].append(worst.item())
+                times[k].append((last[1] - last[0]).item())
+                times[f"skew:{k}"].append(last[2].item())
                 times[f"cpu:{k}"].append(total.item())
     if rank:
         return times, True
@@ -204,7 +216,16 @@ def _tp_rank(rank, tp, N, V, dtype_name, rounds):
 
 
 def main_tp(a, shapes, rounds) -> int:
+    import os
+
     from d9d_kernels.spawn import spawn_gloo
+
+    # The ranks share the machine's cores with rank 0's T-thread pool of the
+    # unsharded update: libgomp's idle workers spin-wait by default and take
+    # the other ranks' cores after it. Idle workers sleep instead (read by
+    # libgomp when torch loads, so set before the ranks start); in training
+    # each tp rank has cores of its own.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
     rows = []
     out = Path(a.out).with_name("bench_lm_tp.csv") if a.out == str(RESULTS / "bench_lm.csv") else Path(a.out)
@@ -219,15 +240,16 @@ def main_tp(a, shapes, rounds) -> int:
             times, same = res[0][1]
             shape = f"N={N},V={V},tp={a.tp}"
             for k, ts in times.items():
-                op = OP + " cpu-seconds" if k.startswith("cpu:") else OP
-                rows.append(row("lm", op=op, provider=k.removeprefix("cpu:"), shape=shape, dtype=dt, device="cpu",
-                                stats=stats(ts)))
+                kind, _, provider = k.rpartition(":")
+                op = OP + {"": "", "cpu": " cpu-seconds", "skew": " incl. barrier skew"}[kind]
+                rows.append(row("lm", op=op, provider=provider, shape=shape, dtype=dt, device="cpu", stats=stats(ts)))
             med = {k: sorted(ts)[len(ts) // 2] for k, ts in times.items()}
             print(f"{shape} {dt}: " + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in med.items())
                   + f" | tp / unsharded: wall {med['d9d_tp'] / med['d9d_unsharded']:.2f}, cpu "
                   f"{med['cpu:d9d_tp'] / med['cpu:d9d_unsharded']:.2f} (target <= 1.5); with lse: wall "
                   f"{med['d9d_tp_lse'] / med['d9d_unsharded']:.2f}, cpu "
-                  f"{med['cpu:d9d_tp_lse'] / med['cpu:d9d_unsharded']:.2f}"
+                  f"{med['cpu:d9d_tp_lse'] / med['cpu:d9d_unsharded']:.2f}; incl. barrier skew: wall "
+                  f"{med['skew:d9d_tp'] / med['d9d_unsharded']:.2f}"
                   + ("" if same else " | RESULTS DIFFER"), flush=True)
             write_csv(out, rows)
     return 0
