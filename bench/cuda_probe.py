@@ -35,8 +35,9 @@ def one_case(case: str, n: int) -> None:
 
 
 def class_stats_variants(out: str) -> None:
-    """Where the large-vocabulary scores pass spends its time: the same logits
-    with top-1 alone, + NLL, + top-5, against a read of the same bytes (to the
+    """Where the scores pass spends its time, on vocabulary rows (a block per
+    row) and [131072, 1000] (a warp per row): the same logits with top-1
+    alone, + NLL, + top-5, against a read of the same bytes (to the
     CSV ``out``: median µs per call, ``top_ks`` = "floor" for the read)."""
     import csv
 
@@ -49,7 +50,7 @@ def class_stats_variants(out: str) -> None:
     op = torch.ops.d9d_kernels.class_stats.default
     rows = []
     for (n, C), dtype in (((16384, 128000), torch.bfloat16), ((4096, 128000), torch.float32),
-                          ((16384, 32000), torch.bfloat16)):
+                          ((16384, 32000), torch.bfloat16), ((131072, 1000), torch.bfloat16)):
         x = torch.randn(n, C, device=dev).to(dtype)
         t = torch.randint(0, C, (n,), device=dev)
         floor = do_bench(lambda: x.sum(), return_mode="median")

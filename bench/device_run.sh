@@ -8,7 +8,7 @@
 #   class_stats_variants_cuda.csv, gpu_machine.json. bench/cuda_probe.py first names the cases
 #   whose kernels fault, and bench_kernels leaves them out.
 #
-#   STEPS="tests variants probe kernels update" bash bench/device_run.sh [deadline seconds, default 540]
+#   STEPS="tests variants probe kernels update" TESTS="tests" bash bench/device_run.sh [deadline seconds, default 540]
 set -u
 DEADLINE=${1:-540}
 STEPS=" ${STEPS:-tests variants probe kernels update} "
@@ -52,7 +52,7 @@ step build 300 $PY setup.py -q build_ext --inplace || { tail -60 "$LOG"; exit 1;
 $PY -c "import d9d_kernels as dk, torch; print('backends', dk.ops.backends(), torch.cuda.get_device_name())" >>"$LOG" 2>&1
 
 want tests && step gpu_tests 200 $PY -m pytest -p no:cacheprovider -m gpu -q -rfEs --timeout 150 \
-  --continue-on-collection-errors tests
+  --continue-on-collection-errors ${TESTS:-tests}
 grep -E " passed| failed" "$LOG" | tail -2
 
 want variants && step class_stats_variants 60 $PY bench/cuda_probe.py --class-stats-variants \

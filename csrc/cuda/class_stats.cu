@@ -188,17 +188,47 @@ __global__ void scores_kernel(Rows r, const T* preds, int64_t row_stride, TopKs 
 
 // ---- score rows in one pass: float / half / bfloat16 scores, max(top_ks) <= 32 ----
 // Each row is read once, with 16-byte loads (a scalar head up to the first
-// 16-byte boundary of the row, a scalar tail). Every thread keeps, in
-// registers, the best KB (score, class) pairs of its share of the row and an
-// online log-sum-exp (exp2f of float differences, summed per vector in float
-// and folded into float64); the row's threads then merge: top-k by kmax
-// rounds of "best head, the winner pops it", the lse by LseF::merge. Scores
-// compare in float (exact for <= 32-bit inputs, same order). Rows of up to
-// kBlockRowC classes take a warp each; longer (vocabulary) rows the whole
-// block. The row counters and the NLL sum go out once per block.
+// 16-byte boundary of the row, a scalar tail). Per vector a thread takes the
+// NaN-propagating max of its scores: it feeds the validity test and the
+// online log-sum-exp (exp2 of float differences, summed per vector in float
+// and folded into float64), and it gates the top-k: only a vector whose max
+// reaches the warp's threshold (a value that kmax scores the warp has read
+// already reach, shared across the block) offers its scores to the thread's
+// register buffer of the best KB (score, class) pairs. The threshold rises
+// after each such vector, so past the first few vectors almost none enter.
+// The row's threads then merge: top-k by kmax rounds of "best head, the
+// winner pops it", the lse by LseF::merge. Scores compare in float (exact for
+// <= 32-bit inputs, same order). Rows of up to kBlockRowC classes take a warp
+// each; longer (vocabulary) rows the whole block. The row counters and the
+// NLL sum go out once per block.
 constexpr int64_t kBlockRowC = 4096;
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr int32_t kNoClass = 0x7fffffff;  // an empty slot: ranks behind every real class
+constexpr unsigned kFull = 0xffffffffu;
+
+// max(a, b), NaN if either is NaN (fmaxf drops a NaN): one instruction on sm_80+.
+__device__ inline float max_nan(float a, float b) {
+#if __CUDA_ARCH__ >= 800
+  float r;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+#else
+  return (a != a || b != b) ? NAN : fmaxf(a, b);
+#endif
+}
+
+// 2^x in one MUFU.EX2 (relative error ~2^-22; results below 2^-126 flush to
+// 0, far below a float sum's rounding of its largest term, 1).
+__device__ inline float exp2_approx(float x) {
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return r;
+}
+
+__device__ inline float warp_max(float v) {
+  for (int o = kWarp / 2; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(kFull, v, o));
+  return v;
+}
 
 template <int KB>
 struct TopK {
@@ -238,13 +268,42 @@ struct TopK {
     v[KB - 1] = -INFINITY;
     j[KB - 1] = kNoClass;
   }
+  // v[r] for a run-time r < KB (-Inf past the end), without local memory.
+  __device__ float at(int r) const {
+    float s = -INFINITY;
+#pragma unroll
+    for (int q = 0; q < KB; ++q) s = q == r ? v[q] : s;
+    return s;
+  }
+  // A value that at least kmax scores of the warp's buffers reach, the same in
+  // every lane (warp-uniform call): the exact kmax-th largest score for small
+  // buffers (kmax rounds of "largest head, its lanes step past it"); for the
+  // 32-slot buffer the largest lane's own kmax-th score, a cheaper bound.
+  __device__ float warp_threshold(int kmax) const {
+    if constexpr (KB == 1) {
+      return warp_max(v[0]);
+    } else if constexpr (KB > 8) {
+      return warp_max(at(kmax - 1));
+    } else {
+      int h = 0, seen = 0;
+      float m = -INFINITY;
+      for (int round = 0; round < kmax; ++round) {
+        const float head = at(h);
+        m = warp_max(head);
+        seen += __popc(__ballot_sync(kFull, head == m));
+        if (seen >= kmax || m == -INFINITY) break;
+        h += head == m;
+      }
+      return m;
+    }
+  }
 };
 
 // The best (score, class) over the warp, in every lane.
 __device__ inline void warp_best(float& s, int32_t& j) {
   for (int o = kWarp / 2; o > 0; o /= 2) {
-    const float s2 = __shfl_xor_sync(0xffffffffu, s, o);
-    const int32_t j2 = __shfl_xor_sync(0xffffffffu, j, o);
+    const float s2 = __shfl_xor_sync(kFull, s, o);
+    const int32_t j2 = __shfl_xor_sync(kFull, j, o);
     if (ranks_ahead(s2, j2, s, j)) {
       s = s2;
       j = j2;
@@ -256,35 +315,49 @@ __device__ inline void warp_best(float& s, int32_t& j) {
 struct LseF {
   float m = -INFINITY;
   double s = 0.0;
-  __device__ void add_block(const float* x, int n) {  // n scores, one float sum
-    float vm = -INFINITY;
-    for (int k = 0; k < n; ++k) vm = fmaxf(vm, x[k]);
+  // n scores with max vm (NaN-propagating), one float sum.
+  __device__ void add_block(const float* x, int n, float vm) {
     if (!(vm > -INFINITY)) return;  // all masked (or NaN: the row is bad)
     if (vm > m) {
-      s *= static_cast<double>(exp2f((m - vm) * kLog2e));
+      s *= static_cast<double>(exp2_approx((m - vm) * kLog2e));
       m = vm;
     }
     float f = 0.f;
-    for (int k = 0; k < n; ++k) f += exp2f((x[k] - m) * kLog2e);
+    for (int k = 0; k < n; ++k) f += exp2_approx((x[k] - m) * kLog2e);
     s += static_cast<double>(f);
   }
   // lse_merge in float exponents: no float64 exp in this path, one log per row.
   __device__ void merge(float m2, double s2) {
     if (!(m2 > -INFINITY)) return;
     if (m2 > m) {
-      s = s * static_cast<double>(exp2f((m - m2) * kLog2e)) + s2;
+      s = s * static_cast<double>(exp2_approx((m - m2) * kLog2e)) + s2;
       m = m2;
     } else {
-      s += s2 * static_cast<double>(exp2f((m2 - m) * kLog2e));
+      s += s2 * static_cast<double>(exp2_approx((m2 - m) * kLog2e));
     }
   }
   __device__ double value() const { return static_cast<double>(m) + log(s); }
 };
 
-// Thread g of G reads its share of `row`: scalar head, 16-byte vectors, scalar tail.
+// The block's top-k threshold: each warp's latest warp_threshold. Reads may be
+// stale (each slot only rises within a row), and a stale value is still one
+// that kmax scores of the row reach. The block kernel resets the slots between
+// rows, after every warp's scan and before the next row's.
+struct SharedThreshold {
+  float* slot;  // [kThreads / kWarp] in shared memory, or nullptr (a warp per row)
+  __device__ float raise(float warp_thr) const {
+    if (slot == nullptr) return warp_thr;
+    const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+    if (lane == 0) slot[warp] = warp_thr;
+    return fmaxf(warp_thr, warp_max(*(volatile float*)&slot[lane % (kThreads / kWarp)]));
+  }
+};
+
+// Warp w's threads g (lane + a multiple of 32) of G read their share of `row`:
+// scalar head, 16-byte vectors, scalar tail. Called by every lane of the warp.
 template <class T, int KB>
-__device__ inline void scan_share(const T* row, int64_t C, int g, int G, bool nll, TopK<KB>& tk, LseF& l,
-                                  bool& finite) {
+__device__ inline void scan_share(const T* row, int64_t C, int g, int G, bool nll, int kmax, SharedThreshold shared,
+                                  TopK<KB>& tk, LseF& l, bool& finite) {
   constexpr int V = kVec<T>;
   const int64_t head = min(C, static_cast<int64_t>(((16u - (reinterpret_cast<uintptr_t>(row) & 15u)) & 15u) / sizeof(T)));
   const int64_t nv = (C - head) / V, body_end = head + nv * V;
@@ -292,20 +365,38 @@ __device__ inline void scan_share(const T* row, int64_t C, int g, int G, bool nl
     const float x = static_cast<float>(row[c]);
     finite &= x < INFINITY;
     tk.offer(x, static_cast<int32_t>(c));
-    if (nll) l.add_block(&x, 1);
+    if (nll) l.add_block(&x, 1, x);
   };
   for (int64_t c = g; c < head; c += G) scalar(c);
-  for (int64_t q = g; q < nv; q += G) {
-    T p[V];
-    load_vec(row + head + q * V, p);
+  // Every lane runs the same trips (the vote below needs the whole warp); a
+  // lane past the end reads nothing.
+  const int lane = g % kWarp;
+  float thr = -INFINITY;
+  for (int64_t q0 = g - lane; q0 < nv; q0 += G) {
+    const int64_t q = q0 + lane;
     float x[V];
+    float vm = -INFINITY;
+    if (q < nv) {
+      T p[V];
+      load_vec(row + head + q * V, p);
 #pragma unroll
-    for (int k = 0; k < V; ++k) {
-      x[k] = static_cast<float>(p[k]);
-      finite &= x[k] < INFINITY;
-      tk.offer(x[k], static_cast<int32_t>(head + q * V + k));
+      for (int k = 0; k < V; ++k) {
+        x[k] = static_cast<float>(p[k]);
+        vm = max_nan(vm, x[k]);
+      }
+      finite &= vm < INFINITY;
+      if (nll) l.add_block(x, V, vm);
     }
-    if (nll) l.add_block(x, V);
+    const bool enters = q < nv && vm >= thr;  // NaN: no
+    if (__any_sync(kFull, enters)) {
+      if (enters) {
+#pragma unroll
+        for (int k = 0; k < V; ++k) {
+          if (x[k] >= thr) tk.offer(x[k], static_cast<int32_t>(head + q * V + k));
+        }
+      }
+      thr = shared.raise(tk.warp_threshold(kmax));
+    }
   }
   for (int64_t c = body_end + g; c < C; c += G) scalar(c);
 }
@@ -352,7 +443,7 @@ __global__ void __launch_bounds__(kThreads) scores_warp_kernel(Rows r, const T* 
     tk.init();
     LseF l;
     bool finite = true;
-    scan_share<T, KB>(row, C, lane, kWarp, nll, tk, l, finite);
+    scan_share<T, KB>(row, C, lane, kWarp, nll, kmax, SharedThreshold{nullptr}, tk, l, finite);
     finite = __all_sync(0xffffffffu, finite);
     float best = tk.v[0];
     int32_t bj = tk.j[0];
@@ -391,9 +482,12 @@ __global__ void __launch_bounds__(kThreads) scores_block_kernel(Rows r, const T*
   __shared__ int32_t wj[kWarps][KB];
   __shared__ float wm[kWarps];
   __shared__ double ws[kWarps];
+  __shared__ float bthr[kWarps];
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
   const int64_t C = r.C;
   RowCounts rc;
+  if (threadIdx.x < kWarps) bthr[threadIdx.x] = -INFINITY;
+  __syncthreads();
   for (int64_t i = blockIdx.x; i < r.n; i += gridDim.x) {
     const int64_t t = r.target[i * r.st];
     if (!r.keep(i, t)) continue;  // block-uniform
@@ -406,7 +500,7 @@ __global__ void __launch_bounds__(kThreads) scores_block_kernel(Rows r, const T*
     tk.init();
     LseF l;
     bool finite = true;
-    scan_share<T, KB>(row, C, threadIdx.x, kThreads, nll, tk, l, finite);
+    scan_share<T, KB>(row, C, threadIdx.x, kThreads, nll, kmax, SharedThreshold{bthr}, tk, l, finite);
     // each warp's best kmax, best first, into shared memory
     for (int rk = 0; rk < kmax; ++rk) {
       float s = tk.v[0];
@@ -424,6 +518,7 @@ __global__ void __launch_bounds__(kThreads) scores_block_kernel(Rows r, const T*
       ws[warp] = wl.s;
     }
     const int ok = __syncthreads_and(finite);
+    if (threadIdx.x < kWarps) bthr[threadIdx.x] = -INFINITY;  // every scan of this row is done
     if (warp == 0) {
       int h = 0;  // lane w < kWarps walks warp w's list
       int rank_t = kmax;
@@ -493,7 +588,7 @@ __global__ void __launch_bounds__(kThreads) scores_thread_kernel(Rows r, const T
       const float x = static_cast<float>(row[c * cs]);
       finite &= x < INFINITY;
       tk.offer(x, static_cast<int32_t>(c));
-      if (nll) l.add_block(&x, 1);
+      if (nll) l.add_block(&x, 1, x);
     }
     if (!finite || tk.v[0] == -INFINITY) {  // NaN / +Inf, or only -Inf
       rc.bad_scores += 1;

@@ -203,3 +203,38 @@ def test_logits_at_the_threshold_boundary(backend, threshold):
     target = torch.randint(0, 2, logits.shape)
     run_and_compare(backend, logits, target, threshold=threshold, input_kind=reference.INPUT_LOGITS)
     run_and_compare(backend, logits, target, threshold=threshold)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("target_dtype", [torch.int64, torch.int32, torch.uint8, torch.bool])
+@pytest.mark.parametrize("case", ["probs", "logits", "outside_masked", "outside_bad_target", "misaligned"])
+def test_cuda_auto_one_label_in_one_pass(case, target_dtype):
+    """INPUT_AUTO with one label counts both readings in one pass and keeps the
+    one the data chose: preds outside [0, 1] only where masked or on a bad
+    target do not make them logits."""
+    if "cuda" not in dk.ops.backends():
+        pytest.skip("no CUDA kernels")
+    g = torch.Generator().manual_seed(7)
+    n = 200_003
+    p = torch.rand(n + 1, generator=g)
+    t = torch.randint(0, 2, (n + 1,), generator=g)
+    m = torch.rand(n + 1, generator=g) > 0.1
+    if case == "logits":
+        p = torch.randn(n + 1, generator=g) * 3
+    elif case == "outside_masked":
+        m[100] = False
+        p[100] = 4.0
+    elif case == "outside_bad_target":
+        t[100] = 2
+        p[100] = -4.0
+    p, t, m = (p[1:], t[1:], m[1:]) if case == "misaligned" else (p[:n], t[:n], m[:n])
+    if target_dtype == torch.bool:
+        t = t.clamp(0, 1)
+    t = t.to(target_dtype)
+    want = [f64(1, 4), f64(2)]
+    reference.binary_stats(p[:, None], t.long()[:, None], m[:, None], 0.3, None, reference.INPUT_AUTO, *want)
+    got = [f64(1, 4).cuda(), f64(2).cuda()]
+    torch.ops.d9d_kernels.binary_stats.default(p.cuda()[:, None], t.cuda()[:, None], m.cuda()[:, None], 0.3, None,
+                                               reference.INPUT_AUTO, *got)
+    assert_counts_equal(got[0].cpu(), want[0], "state")
+    assert_counts_equal(got[1].cpu(), want[1], "bad")

@@ -558,3 +558,44 @@ def test_class_strided_scores_make_no_copy():
         op(x, target, None, C, None, [1], False, st, cm, ex, bad)
     allocated = [e.self_cpu_memory_usage for e in prof.events() if e.self_cpu_memory_usage > 0]
     assert allocated == [], allocated
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize(("n", "C", "top_ks"), [(64, 128256, (1, 5, 10)), (3, 50257, (1, 5, 10)), (45, 4097, (1, 5)),
+                                                 (45, 4096, (1, 5, 10)), (90, 1000, (1, 32)), (18, 50257, (1,))])
+def test_cuda_vocabulary_rows_match_reference(dtype, n, C, top_ks):
+    """The one-pass warp and block kernels (threshold-gated top-k, shared across
+    the block) on vocabulary rows: ascending / descending / constant rows, ties
+    across threads and vectors, the best scores in the tail, NaN / +Inf / -Inf
+    at the edges, -Inf masks, and misaligned rows (x[:, 1:]: scalar head and tail)."""
+    if "cuda" not in dk.ops.backends():
+        pytest.skip("no CUDA kernels")
+    g = torch.Generator().manual_seed(C + n)
+    x = _adversarial_rows(n, C + 1, torch.float64, g)
+    x[n // 2:] = torch.randint(0, 8, (n - n // 2, C + 1), generator=g).double()  # heavy ties
+    x[1::4] = x[1::4].masked_fill(torch.rand(x[1::4].shape, generator=g) < 0.7, float("-inf"))
+    x[-1, -1] = float("nan")  # NaN in the last column
+    x = x.to(dtype)
+    target = torch.randint(-1, C + 1, (n,), generator=g)
+    target[::5] = x[::5, :C].float().nan_to_num(nan=-1.0, posinf=-1.0).argmax(1)  # hits at rank 0
+    mask = torch.rand(n, generator=g) > 0.1
+    mask[-1] = True
+    cm = (lambda: f64(C, C)) if C <= 4097 else (lambda: None)  # a vocabulary's confusion matrix would not fit
+    for p in (x[:, :C], x[:, 1:]):
+        want = [f64(len(top_ks), 3, C), cm(), f64(2), f64(2)]
+        reference.class_stats(p, target, mask, C, -1, list(top_ks), True, *want)
+        got = [None if t is None else t.cuda() for t in (f64(len(top_ks), 3, C), cm(), f64(2), f64(2))]
+        dk.ops.class_stats(p.cuda(), target.cuda(), mask.cuda(), num_classes=C, stats=got[0], confmat=got[1],
+                           extras=got[2], bad=got[3], ignore_index=-1, top_ks=top_ks, nll=True, backend="cuda")
+        where = "aligned" if p.data_ptr() == x.data_ptr() else "misaligned"
+        for a, b, what in zip(got, want, ["stats", "confmat", "extras", "bad"]):
+            if b is None:
+                continue
+            a = a.cpu()
+            if what == "extras":
+                assert_counts_equal(a[:1], b[:1], f"rows ({where})")
+                assert_sums_close(a[1:], b[1:], f"nll ({where})", rtol=1e-6)
+            else:
+                assert_counts_equal(a, b, f"{what} ({where})")
+        assert want[3][1] > 0 and want[2][0] > 0  # bad score rows and valid rows both occur

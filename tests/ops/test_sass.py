@@ -178,8 +178,10 @@ def test_l1_counts_stay_in_registers():
     l1 = [n for n in family(funcs, "binary_kernel") if "binary_kernelILb1E" in n]
     assert l1
     for name in l1:
-        # the only shared atomics are the per-warp sums of the block flush (6 counters: 4 cells, bad[2])
-        assert funcs[name].count("ATOMS") <= 6, name
+        # the only shared atomics are the per-warp sums of the block flush: 4 cells and bad[2],
+        # and 4 more cells where INPUT_AUTO counts both readings (binary_kernel<true, true, ...>)
+        flushed = 10 if "binary_kernelILb1ELb1E" in name else 6
+        assert funcs[name].count("ATOMS") <= flushed, name
 
 
 @pytest.mark.parametrize("fam", OURS)
