@@ -2,10 +2,11 @@
 //  * index preds: one thread per row; counts in a per-block shared-memory
 //    histogram (stats [3, C] + confmat [C, C]) when it fits, else global atomics.
 //  * score rows of float / half / bfloat16 with max(top_ks) <= 32: one pass
-//    (scores_warp_kernel / scores_block_kernel below: 16-byte loads,
-//    per-thread register top-k, exp2f log-sum-exp folded into float64;
-//    scores_thread_kernel, a thread per row, for rows of <= 32 classes and
-//    class-strided rows, read in place).
+//    (scores_warp_kernel / scores_block_kernel below: 16-byte loads, the top-k
+//    as one sorted list across a warp's lanes that a vector enters only when
+//    its max reaches the list's last entry, exp2 log-sum-exp folded into
+//    float64; scores_thread_kernel, a thread per row with a register top-k,
+//    for rows of <= 32 classes and class-strided rows, read in place).
 //  * float64 scores and larger k: one warp per row. Pass 0 over the row
 //    checks validity, folds the online log-sum-exp and selects the best
 //    class; top-k takes k - 1 more selection passes ("best class ranked
@@ -191,15 +192,17 @@ __global__ void scores_kernel(Rows r, const T* preds, int64_t row_stride, TopKs 
 // 16-byte boundary of the row, a scalar tail). Per vector a thread takes the
 // NaN-propagating max of its scores: it feeds the validity test and the
 // online log-sum-exp (exp2 of float differences, summed per vector in float
-// and folded into float64), and it gates the top-k: only a vector whose max
-// reaches the warp's threshold (a value that kmax scores the warp has read
-// already reach, shared across the block) offers its scores to the thread's
-// register buffer of the best KB (score, class) pairs. The threshold rises
-// after each such vector, so past the first few vectors almost none enter.
-// The row's threads then merge: top-k by kmax rounds of "best head, the
-// winner pops it", the lse by LseF::merge. Scores compare in float (exact for
-// <= 32-bit inputs, same order). Rows of up to kBlockRowC classes take a warp
-// each; longer (vocabulary) rows the whole block. The row counters and the
+// and folded into float64), and it gates the top-k. The warp keeps the best
+// kmax (score, class) pairs it has read as one sorted list across its lanes
+// (lane r: rank r); the pair in lane kmax - 1 is the gate. Only a vector whose
+// max reaches the gate (raised to the best gate of the block's warps: a score
+// below it ranks behind kmax scores of the row) takes the slow path: its max,
+// then any other score still at the gate, enter the list one at a time, each
+// a shuffle-shift of the lanes behind it. Past the first vectors almost no
+// vector enters, so a row costs about a read and the log-sum-exp. Scores
+// compare in float (exact for <= 32-bit inputs, same order). Rows of up to
+// kBlockRowC classes take a warp each; longer (vocabulary) rows the whole
+// block, whose warps' lists meet in shared memory. The row counters and the
 // NLL sum go out once per block.
 constexpr int64_t kBlockRowC = 4096;
 constexpr float kLog2e = 1.4426950408889634f;
@@ -230,86 +233,59 @@ __device__ inline float warp_max(float v) {
   return v;
 }
 
-template <int KB>
-struct TopK {
-  float v[KB];
-  int32_t j[KB];
+// The best kmax (score, class) pairs a warp has read, best first, lane r
+// holding rank r (lanes >= kmax hold ranks nobody reads). Every member is
+// called by the whole warp with warp-uniform arguments.
+struct WarpList {
+  float v = -INFINITY;
+  int32_t j = kNoClass;
+  float gate_v = -INFINITY;  // rank kmax - 1: what a new pair must rank ahead of
+  int32_t gate_j = kNoClass;
 
-  __device__ void init() {
-#pragma unroll
-    for (int r = 0; r < KB; ++r) {
-      v[r] = -INFINITY;
-      j[r] = kNoClass;
+  // (s, c) ranks ahead of the gate: the lanes from its rank on shift down one.
+  __device__ void insert(float s, int32_t c, int kmax) {
+    const int lane = threadIdx.x % kWarp;
+    const float pv = __shfl_up_sync(kFull, v, 1);
+    const int32_t pj = __shfl_up_sync(kFull, j, 1);
+    if (!ranks_ahead(v, j, s, c)) {
+      const bool prev_stays = lane == 0 || ranks_ahead(pv, pj, s, c);
+      v = prev_stays ? s : pv;
+      j = prev_stays ? c : pj;
     }
+    gate_v = __shfl_sync(kFull, v, kmax - 1);
+    gate_j = __shfl_sync(kFull, j, kmax - 1);
   }
-  // NaN never enters (its row is bad anyway); -Inf does, behind every finite score.
-  __device__ void offer(float s, int32_t c) {
-    if (!ranks_ahead(s, c, v[KB - 1], j[KB - 1])) return;
-    v[KB - 1] = s;
-    j[KB - 1] = c;
-#pragma unroll
-    for (int r = KB - 1; r > 0; --r) {
-      if (ranks_ahead(v[r], j[r], v[r - 1], j[r - 1])) {
-        const float tv = v[r];
-        const int32_t tj = j[r];
-        v[r] = v[r - 1];
-        j[r] = j[r - 1];
-        v[r - 1] = tv;
-        j[r - 1] = tj;
+  // An empty list from each lane's (s, c) where `has`: one bitonic sort of the
+  // warp (best first), in place of up to 32 inserts.
+  __device__ void build(bool has, float s, int32_t c, int kmax) {
+    const int lane = threadIdx.x % kWarp;
+    v = has ? s : -INFINITY;
+    j = has ? c : kNoClass;
+    for (int size = 2; size <= kWarp; size *= 2) {
+      for (int stride = size / 2; stride > 0; stride /= 2) {
+        const float ov = __shfl_xor_sync(kFull, v, stride);
+        const int32_t oj = __shfl_xor_sync(kFull, j, stride);
+        // in a best-first run ((lane & size) == 0) the lower lane of a pair keeps the better
+        const bool keep_better = ((lane & size) == 0) == ((lane & stride) == 0);
+        if (keep_better ? ranks_ahead(ov, oj, v, j) : ranks_ahead(v, j, ov, oj)) {
+          v = ov;
+          j = oj;
+        }
       }
     }
+    gate_v = __shfl_sync(kFull, v, kmax - 1);
+    gate_j = __shfl_sync(kFull, j, kmax - 1);
   }
-  __device__ void pop() {
-#pragma unroll
-    for (int r = 0; r + 1 < KB; ++r) {
-      v[r] = v[r + 1];
-      j[r] = j[r + 1];
-    }
-    v[KB - 1] = -INFINITY;
-    j[KB - 1] = kNoClass;
-  }
-  // v[r] for a run-time r < KB (-Inf past the end), without local memory.
-  __device__ float at(int r) const {
-    float s = -INFINITY;
-#pragma unroll
-    for (int q = 0; q < KB; ++q) s = q == r ? v[q] : s;
-    return s;
-  }
-  // A value that at least kmax scores of the warp's buffers reach, the same in
-  // every lane (warp-uniform call): the exact kmax-th largest score for small
-  // buffers (kmax rounds of "largest head, its lanes step past it"); for the
-  // 32-slot buffer the largest lane's own kmax-th score, a cheaper bound.
-  __device__ float warp_threshold(int kmax) const {
-    if constexpr (KB == 1) {
-      return warp_max(v[0]);
-    } else if constexpr (KB > 8) {
-      return warp_max(at(kmax - 1));
-    } else {
-      int h = 0, seen = 0;
-      float m = -INFINITY;
-      for (int round = 0; round < kmax; ++round) {
-        const float head = at(h);
-        m = warp_max(head);
-        seen += __popc(__ballot_sync(kFull, head == m));
-        if (seen >= kmax || m == -INFINITY) break;
-        h += head == m;
-      }
-      return m;
+  // Each lane's (s, c) where `has`, in lane order; those still ahead of the gate go in.
+  __device__ void offer(bool has, float s, int32_t c, int kmax) {
+    for (unsigned m = __ballot_sync(kFull, has); m != 0u; m &= m - 1u) {
+      const int src = __ffs(m) - 1;
+      const float cs = __shfl_sync(kFull, s, src);
+      const int32_t cc = __shfl_sync(kFull, c, src);
+      if (ranks_ahead(cs, cc, gate_v, gate_j)) insert(cs, cc, kmax);
     }
   }
 };
-
-// The best (score, class) over the warp, in every lane.
-__device__ inline void warp_best(float& s, int32_t& j) {
-  for (int o = kWarp / 2; o > 0; o /= 2) {
-    const float s2 = __shfl_xor_sync(kFull, s, o);
-    const int32_t j2 = __shfl_xor_sync(kFull, j, o);
-    if (ranks_ahead(s2, j2, s, j)) {
-      s = s2;
-      j = j2;
-    }
-  }
-}
 
 // One thread's share of the online log-sum-exp: max m, sum of exp(x - m) in float64.
 struct LseF {
@@ -339,46 +315,57 @@ struct LseF {
   __device__ double value() const { return static_cast<double>(m) + log(s); }
 };
 
-// The block's top-k threshold: each warp's latest warp_threshold. Reads may be
-// stale (each slot only rises within a row), and a stale value is still one
-// that kmax scores of the row reach. The block kernel resets the slots between
-// rows, after every warp's scan and before the next row's.
-struct SharedThreshold {
+// The block's gates: each warp's latest gate score. Reads may be stale (each
+// slot only rises within a row), and a stale value is still one that kmax
+// scores of the row reach. The block kernel resets the slots between rows,
+// after every warp's scan and before the next row's.
+struct SharedGate {
   float* slot;  // [kThreads / kWarp] in shared memory, or nullptr (a warp per row)
-  __device__ float raise(float warp_thr) const {
-    if (slot == nullptr) return warp_thr;
+  // The score below which nothing can enter: the warp's own gate, or a higher one of the block's.
+  __device__ float raise(float warp_gate) const {
+    if (slot == nullptr) return warp_gate;
     const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
-    if (lane == 0) slot[warp] = warp_thr;
-    return fmaxf(warp_thr, warp_max(*(volatile float*)&slot[lane % (kThreads / kWarp)]));
+    if (lane == 0) slot[warp] = warp_gate;
+    return fmaxf(warp_gate, warp_max(*(volatile float*)&slot[lane % (kThreads / kWarp)]));
   }
 };
 
-// Warp w's threads g (lane + a multiple of 32) of G read their share of `row`:
-// scalar head, 16-byte vectors, scalar tail. Called by every lane of the warp.
-template <class T, int KB>
-__device__ inline void scan_share(const T* row, int64_t C, int g, int G, bool nll, int kmax, SharedThreshold shared,
-                                  TopK<KB>& tk, LseF& l, bool& finite) {
+// Thread g (lane + a multiple of 32) of G reads its share of `row` into the
+// warp's list, lse and validity: 16-byte vectors, then the scalar head and
+// tail (the list does not depend on the order scores arrive in). Called by
+// every lane of the warp: all lanes run the same trips.
+template <class T>
+__device__ inline void scan_share(const T* row, int64_t C, int g, int G, bool nll, int kmax, SharedGate shared,
+                                  WarpList& wl, LseF& l, bool& finite) {
   constexpr int V = kVec<T>;
   const int64_t head = min(C, static_cast<int64_t>(((16u - (reinterpret_cast<uintptr_t>(row) & 15u)) & 15u) / sizeof(T)));
   const int64_t nv = (C - head) / V, body_end = head + nv * V;
-  auto scalar = [&](int64_t c) {
-    const float x = static_cast<float>(row[c]);
-    finite &= x < INFINITY;
-    tk.offer(x, static_cast<int32_t>(c));
-    if (nll) l.add_block(&x, 1, x);
-  };
-  for (int64_t c = g; c < head; c += G) scalar(c);
-  // Every lane runs the same trips (the vote below needs the whole warp); a
-  // lane past the end reads nothing.
   const int lane = g % kWarp;
-  float thr = -INFINITY;
+  float floor_v = -INFINITY;  // a score below this cannot enter
+  auto scalar = [&](int64_t c, bool has) {  // head and tail: < V scores, a lane's at most one
+    float x = -INFINITY;
+    if (has) {
+      x = static_cast<float>(row[c]);
+      finite &= x < INFINITY;
+      if (nll) l.add_block(&x, 1, x);
+    }
+    wl.offer(has && x >= floor_v, x, static_cast<int32_t>(c), kmax);
+    floor_v = fmaxf(floor_v, wl.gate_v);
+  };
+  // The next vector is in flight while this one is read: two 16-byte loads per
+  // thread outstanding, not one.
+  T next[V];
+  if (g < nv) load_vec(row + head + g * V, next);
+  bool empty = true;  // the list: the first vector that enters builds it
   for (int64_t q0 = g - lane; q0 < nv; q0 += G) {
     const int64_t q = q0 + lane;
+    T p[V];
+#pragma unroll
+    for (int k = 0; k < V; ++k) p[k] = next[k];
+    if (q + G < nv) load_vec(row + head + (q + G) * V, next);
     float x[V];
     float vm = -INFINITY;
     if (q < nv) {
-      T p[V];
-      load_vec(row + head + q * V, p);
 #pragma unroll
       for (int k = 0; k < V; ++k) {
         x[k] = static_cast<float>(p[k]);
@@ -386,23 +373,35 @@ __device__ inline void scan_share(const T* row, int64_t C, int g, int G, bool nl
       }
       finite &= vm < INFINITY;
       if (nll) l.add_block(x, V, vm);
-    }
-    const bool enters = q < nv && vm >= thr;  // NaN: no
-    if (__any_sync(kFull, enters)) {
-      if (enters) {
+    } else {
 #pragma unroll
-        for (int k = 0; k < V; ++k) {
-          if (x[k] >= thr) tk.offer(x[k], static_cast<int32_t>(head + q * V + k));
-        }
+      for (int k = 0; k < V; ++k) x[k] = -INFINITY;
+    }
+    const bool enters = q < nv && vm >= floor_v;  // NaN: no
+    if (__any_sync(kFull, enters)) {
+      int km = 0;  // the first position of the vector's max
+#pragma unroll
+      for (int k = V - 1; k >= 0; --k) km = x[k] == vm ? k : km;
+      const int32_t base = static_cast<int32_t>(head + q * V);
+      if (empty) {
+        wl.build(enters, vm, base + km, kmax);
+        empty = false;
+      } else {
+        wl.offer(enters, vm, base + km, kmax);  // usually the only one to enter
       }
-      thr = shared.raise(tk.warp_threshold(kmax));
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        wl.offer(enters && k != km && x[k] >= fmaxf(floor_v, wl.gate_v), x[k], base + k, kmax);
+      }
+      floor_v = shared.raise(fmaxf(floor_v, wl.gate_v));
     }
   }
-  for (int64_t c = body_end + g; c < C; c += G) scalar(c);
+  scalar(g, g < head);
+  scalar(body_end + g, body_end + g < C);
 }
 
 __device__ inline LseF warp_lse(LseF a) {
-  for (int o = kWarp / 2; o > 0; o /= 2) a.merge(__shfl_xor_sync(0xffffffffu, a.m, o), __shfl_xor_sync(0xffffffffu, a.s, o));
+  for (int o = kWarp / 2; o > 0; o /= 2) a.merge(__shfl_xor_sync(kFull, a.m, o), __shfl_xor_sync(kFull, a.s, o));
   return a;
 }
 
@@ -425,7 +424,7 @@ struct RowCounts {
 };
 
 // One warp per row (C <= kBlockRowC).
-template <class T, int KB>
+template <class T>
 __global__ void __launch_bounds__(kThreads) scores_warp_kernel(Rows r, const T* preds, int64_t row_stride,
                                                                TopKs top_ks, int K, int kmax, bool nll, Out o) {
   const int lane = threadIdx.x % kWarp;
@@ -439,32 +438,24 @@ __global__ void __launch_bounds__(kThreads) scores_warp_kernel(Rows r, const T* 
       return true;
     }
     const T* row = preds + i * row_stride;
-    TopK<KB> tk;
-    tk.init();
+    WarpList wl;
     LseF l;
     bool finite = true;
-    scan_share<T, KB>(row, C, lane, kWarp, nll, kmax, SharedThreshold{nullptr}, tk, l, finite);
-    finite = __all_sync(0xffffffffu, finite);
-    float best = tk.v[0];
-    int32_t bj = tk.j[0];
-    warp_best(best, bj);
+    scan_share<T>(row, C, lane, kWarp, nll, kmax, SharedGate{nullptr}, wl, l, finite);
+    finite = __all_sync(kFull, finite);
+    const float best = __shfl_sync(kFull, wl.v, 0);
+    const int32_t argmax = __shfl_sync(kFull, wl.j, 0);
     if (!finite || best == -INFINITY) {
       rc.bad_scores += lane == 0;
       return true;
     }
     const LseF lse = nll ? warp_lse(l) : LseF{};
-    int rank_t = kmax;
-    for (int rk = 0; rk < kmax; ++rk) {
-      float s = tk.v[0];
-      int32_t j = tk.j[0];
-      warp_best(s, j);
-      if (tk.j[0] == j) tk.pop();
-      if (j == t) rank_t = rk;
-      count_pick(top_ks, K, lane, rk, j, C, o.stats);
-    }
+    const unsigned hit = __ballot_sync(kFull, lane < kmax && wl.j == t);
+    const int rank_t = hit != 0u ? __ffs(hit) - 1 : kmax;
+    for (int rk = 0; rk < kmax; ++rk) count_pick(top_ks, K, lane, rk, __shfl_sync(kFull, wl.j, rk), C, o.stats);
     count_target(top_ks, K, lane, rank_t, t, C, o.stats);
     if (lane == 0) {
-      if (o.confmat) atomicAdd(o.confmat + t * C + bj, 1.0);
+      if (o.confmat) atomicAdd(o.confmat + t * C + argmax, 1.0);
       rc.rows += 1;
       if (nll) rc.nll += lse.value() - static_cast<double>(row[t]);
     }
@@ -473,20 +464,20 @@ __global__ void __launch_bounds__(kThreads) scores_warp_kernel(Rows r, const T* 
   rc.flush(o, nll);
 }
 
-// One block per row (C > kBlockRowC): the warps' top-k lists meet in shared memory.
-template <class T, int KB>
+// One block per row (C > kBlockRowC): the warps' lists meet in shared memory.
+template <class T>
 __global__ void __launch_bounds__(kThreads) scores_block_kernel(Rows r, const T* preds, int64_t row_stride,
                                                                 TopKs top_ks, int K, int kmax, bool nll, Out o) {
   constexpr int kWarps = kThreads / kWarp;
-  __shared__ float wv[kWarps][KB];
-  __shared__ int32_t wj[kWarps][KB];
+  __shared__ float wv[kWarps][kWarp];
+  __shared__ int32_t wj[kWarps][kWarp];
   __shared__ float wm[kWarps];
   __shared__ double ws[kWarps];
-  __shared__ float bthr[kWarps];
+  __shared__ float gates[kWarps];
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
   const int64_t C = r.C;
   RowCounts rc;
-  if (threadIdx.x < kWarps) bthr[threadIdx.x] = -INFINITY;
+  if (threadIdx.x < kWarps) gates[threadIdx.x] = -INFINITY;
   __syncthreads();
   for (int64_t i = blockIdx.x; i < r.n; i += gridDim.x) {
     const int64_t t = r.target[i * r.st];
@@ -496,29 +487,21 @@ __global__ void __launch_bounds__(kThreads) scores_block_kernel(Rows r, const T*
       continue;
     }
     const T* row = preds + i * row_stride;
-    TopK<KB> tk;
-    tk.init();
+    WarpList wl;
     LseF l;
     bool finite = true;
-    scan_share<T, KB>(row, C, threadIdx.x, kThreads, nll, kmax, SharedThreshold{bthr}, tk, l, finite);
-    // each warp's best kmax, best first, into shared memory
-    for (int rk = 0; rk < kmax; ++rk) {
-      float s = tk.v[0];
-      int32_t j = tk.j[0];
-      warp_best(s, j);
-      if (tk.j[0] == j) tk.pop();
-      if (lane == 0) {
-        wv[warp][rk] = s;
-        wj[warp][rk] = j;
-      }
+    scan_share<T>(row, C, threadIdx.x, kThreads, nll, kmax, SharedGate{gates}, wl, l, finite);
+    if (lane < kmax) {  // each warp's best kmax, best first
+      wv[warp][lane] = wl.v;
+      wj[warp][lane] = wl.j;
     }
-    const LseF wl = nll ? warp_lse(l) : LseF{};
+    const LseF wl_lse = nll ? warp_lse(l) : LseF{};
     if (lane == 0) {
-      wm[warp] = wl.m;
-      ws[warp] = wl.s;
+      wm[warp] = wl_lse.m;
+      ws[warp] = wl_lse.s;
     }
     const int ok = __syncthreads_and(finite);
-    if (threadIdx.x < kWarps) bthr[threadIdx.x] = -INFINITY;  // every scan of this row is done
+    if (threadIdx.x < kWarps) gates[threadIdx.x] = -INFINITY;  // every scan of this row is done
     if (warp == 0) {
       int h = 0;  // lane w < kWarps walks warp w's list
       int rank_t = kmax;
@@ -528,7 +511,14 @@ __global__ void __launch_bounds__(kThreads) scores_block_kernel(Rows r, const T*
         float s = lane < kWarps && h < kmax ? wv[lane][h] : -INFINITY;
         int32_t j = lane < kWarps && h < kmax ? wj[lane][h] : kNoClass;
         const int32_t mine = j;
-        warp_best(s, j);
+        for (int off = kWarp / 2; off > 0; off /= 2) {
+          const float s2 = __shfl_xor_sync(kFull, s, off);
+          const int32_t j2 = __shfl_xor_sync(kFull, j, off);
+          if (ranks_ahead(s2, j2, s, j)) {
+            s = s2;
+            j = j2;
+          }
+        }
         if (rk == 0) {
           argmax = j;
           best = s;
@@ -557,6 +547,38 @@ __global__ void __launch_bounds__(kThreads) scores_block_kernel(Rows r, const T*
   }
   rc.flush(o, nll);
 }
+
+// A thread's best KB (score, class) pairs, best first, in registers (static indices only).
+template <int KB>
+struct TopK {
+  float v[KB];
+  int32_t j[KB];
+
+  __device__ void init() {
+#pragma unroll
+    for (int r = 0; r < KB; ++r) {
+      v[r] = -INFINITY;
+      j[r] = kNoClass;
+    }
+  }
+  // NaN never enters (its row is bad anyway); -Inf does, behind every finite score.
+  __device__ void offer(float s, int32_t c) {
+    if (!ranks_ahead(s, c, v[KB - 1], j[KB - 1])) return;
+    v[KB - 1] = s;
+    j[KB - 1] = c;
+#pragma unroll
+    for (int r = KB - 1; r > 0; --r) {
+      if (ranks_ahead(v[r], j[r], v[r - 1], j[r - 1])) {
+        const float tv = v[r];
+        const int32_t tj = j[r];
+        v[r] = v[r - 1];
+        j[r] = j[r - 1];
+        v[r - 1] = tv;
+        j[r - 1] = tj;
+      }
+    }
+  }
+};
 
 // One thread per row: rows of up to kThreadRowC classes (a warp per row
 // would leave most lanes idle; the 32 threads of a warp read 32 adjacent
@@ -613,35 +635,32 @@ __global__ void __launch_bounds__(kThreads) scores_thread_kernel(Rows r, const T
   rc.flush(o, nll);
 }
 
-// KB = the smallest buffer >= kmax of {1, 8, 32}.
-template <class T, int KB>
-void launch_single_pass(const Rows& r, const at::Tensor& preds, const TopKs& ks, int K, int kmax, bool nll,
-                        const Out& o, cudaStream_t stream) {
-  const T* p = preds.data_ptr<T>();
-  if (preds.stride(1) != 1 || r.C <= kThreadRowC) {
-    auto kernel = scores_thread_kernel<T, KB>;
-    kernel<<<one_wave(kernel, r.n), kThreads, 0, stream>>>(r, p, preds.stride(0), preds.stride(1), ks, K, kmax, nll,
-                                                           o);
-  } else if (r.C > kBlockRowC) {
-    auto kernel = scores_block_kernel<T, KB>;
-    kernel<<<one_wave(kernel, r.n * kThreads), kThreads, 0, stream>>>(r, p, preds.stride(0), ks, K, kmax, nll, o);
-  } else {
-    auto kernel = scores_warp_kernel<T, KB>;
-    kernel<<<one_wave(kernel, r.n * kWarp), kThreads, 0, stream>>>(r, p, preds.stride(0), ks, K, kmax, nll, o);
-  }
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-}
-
+// Rows of <= kThreadRowC classes and class-strided rows: a thread per row,
+// KB = the smallest buffer >= kmax of {1, 8, 32}. Else a warp or a block per row.
 template <class T>
 void single_pass(const Rows& r, const at::Tensor& preds, const TopKs& ks, int K, int kmax, bool nll, const Out& o,
                  cudaStream_t stream) {
-  if (kmax <= 1) {
-    launch_single_pass<T, 1>(r, preds, ks, K, kmax, nll, o, stream);
-  } else if (kmax <= 8) {
-    launch_single_pass<T, 8>(r, preds, ks, K, kmax, nll, o, stream);
+  const T* p = preds.data_ptr<T>();
+  if (preds.stride(1) != 1 || r.C <= kThreadRowC) {
+    auto launch = [&](auto kernel) {
+      kernel<<<one_wave(kernel, r.n), kThreads, 0, stream>>>(r, p, preds.stride(0), preds.stride(1), ks, K, kmax,
+                                                             nll, o);
+    };
+    if (kmax <= 1) {
+      launch(scores_thread_kernel<T, 1>);
+    } else if (kmax <= 8) {
+      launch(scores_thread_kernel<T, 8>);
+    } else {
+      launch(scores_thread_kernel<T, 32>);
+    }
+  } else if (r.C > kBlockRowC) {
+    auto kernel = scores_block_kernel<T>;
+    kernel<<<one_wave(kernel, r.n * kThreads), kThreads, 0, stream>>>(r, p, preds.stride(0), ks, K, kmax, nll, o);
   } else {
-    launch_single_pass<T, 32>(r, preds, ks, K, kmax, nll, o, stream);
+    auto kernel = scores_warp_kernel<T>;
+    kernel<<<one_wave(kernel, r.n * kWarp), kThreads, 0, stream>>>(r, p, preds.stride(0), ks, K, kmax, nll, o);
   }
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 void class_stats_cuda(const at::Tensor& preds_in, const at::Tensor& target, const std::optional<at::Tensor>& mask,

@@ -158,7 +158,9 @@ def test_class_stats_single_pass_has_no_float64_exp():
     assert any(F64_LOG2E in funcs[n] for n in family(funcs, "scores_kernel")), "float64 exp signature not found"
     for fam in ONE_PASS + THREAD_ROWS:
         names = family(funcs, fam)
-        assert len(names) == 3 * 3, f"{fam}: expected float/half/bfloat16 x KB 1/8/32, got {len(names)}"
+        # the thread kernel's register top-k has KB 1/8/32 slots; the warp / block kernels one list per warp
+        want = 3 * 3 if fam in THREAD_ROWS else 3
+        assert len(names) == want, f"{fam}: expected {want} instantiations (float/half/bfloat16), got {len(names)}"
         for name in names:
             assert "MUFU.EX2" in funcs[name], f"{name}: no exp2f"
             assert F64_LOG2E not in funcs[name], f"{name}: a float64 exp in the float path"
