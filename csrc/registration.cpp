@@ -5,7 +5,8 @@
 #include <torch/library.h>
 
 namespace d9d {
-void add_plan_runner(PyObject* module);  // csrc/cpu/plan_runner.cpp
+void add_plan_runner(PyObject* module);   // csrc/cpu/plan_runner.cpp
+void add_scalar_views(PyObject* module);  // csrc/cpu/scalar_views.cpp
 }
 
 extern "C" {
@@ -13,7 +14,10 @@ extern "C" {
 PyMODINIT_FUNC PyInit__C(void) {
   static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr};
   PyObject* m = PyModule_Create(&module_def);
-  if (m != nullptr) d9d::add_plan_runner(m);
+  if (m != nullptr) {
+    d9d::add_plan_runner(m);
+    d9d::add_scalar_views(m);
+  }
   return m;
 }
 }

@@ -223,3 +223,23 @@ def test_group_values_binary_and_multilabel_equal_their_own_formulas(monkeypatch
             torch.testing.assert_close(native[n], own[n], rtol=1e-13, atol=1e-15, equal_nan=True, msg=n)
         if nan_strategy == "propagate" and grp is g:
             assert all(torch.isnan(v).all() for v in native.values())
+
+
+def test_group_compute_results_are_fresh_tensors():
+    """Each compute() returns new tensors: a result kept from an earlier call
+    keeps its value after more updates and another compute()."""
+    import d9d_kernels as dk
+
+    g = dk.MetricGroup({f"m{i}": dk.SumMetric() for i in range(8)} | {"acc": dk.Accuracy(task="multiclass", num_classes=3)})
+    for i in range(8):
+        g[f"m{i}"].update(values=torch.tensor([float(i)]))
+    g.update(preds=torch.tensor([0, 1, 2, 2]), target=torch.tensor([0, 1, 1, 2]))
+    first = g.compute()
+    kept = {k: v.item() for k, v in first.items()}
+    for i in range(8):
+        g[f"m{i}"].update(values=torch.tensor([100.0]))
+    g.update(preds=torch.tensor([0, 0]), target=torch.tensor([1, 1]))
+    second = g.compute()
+    assert {k: v.item() for k, v in first.items()} == kept
+    assert kept == {**{f"m{i}": float(i) for i in range(8)}, "acc": 0.75}
+    assert all(second[f"m{i}"].item() == i + 100.0 for i in range(8)) and second["acc"].item() == 0.5

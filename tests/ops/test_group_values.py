@@ -216,3 +216,34 @@ def test_cuda_equals_cpu(seed):
     cuda, _, _ = _run(sum_buf, empty, empty, rows, beta2, device="cuda")
     for a, b in zip(cuda, cpu):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-15, equal_nan=True)
+
+
+def test_scalars_equal_unbind_on_strided_and_offset_outputs():
+    """GV.scalars (the C++ scalar_views) gives what unbind gives: one 0-d tensor
+    per element, at its own offset, for a strided view starting mid-storage."""
+    from d9d_kernels import _C
+
+    assert hasattr(_C, "scalar_views")
+    base = torch.randn(40, dtype=torch.float64)
+    base[5] = float("nan")
+    for x in (base, base[3:], base[1::3], base[:0]):
+        got, want = GV.scalars(x), x.unbind(0)
+        assert len(got) == len(want)
+        for a, b in zip(got, want):
+            assert a.shape == () and a.dtype == b.dtype and a.device == b.device and not a.requires_grad
+            assert a.data_ptr() == b.data_ptr()
+            torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
+    a, b = GV.scalars(base[:2])
+    a.add_(1.0)  # a value is its own element: writing one leaves the next alone
+    assert b.item() == base[1].item() and a.item() == base[0].item()
+    with torch.inference_mode():
+        assert all(t.is_inference() for t in GV.scalars(torch.zeros(3, dtype=torch.float64)))
+
+
+def test_scalar_views_argument_errors():
+    from d9d_kernels import _C
+
+    for bad, what in ((torch.zeros(2, 2, dtype=torch.float64), "1-D"),
+                      (torch.zeros(2, dtype=torch.float64, requires_grad=True), "without grad")):
+        with pytest.raises(RuntimeError, match=f"scalar_views: argument 'x' must be .*{what}"):
+            _C.scalar_views(bad)

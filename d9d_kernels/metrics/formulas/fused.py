@@ -314,9 +314,9 @@ def _native(plan: FusedPlan, bufs) -> dict:
     """``{name: value}`` of the plan's ``native`` members."""
     out = _native_out(plan, bufs)
     k = plan.n_scalar
-    if k == len(plan.native):  # scalars only: one unbind
-        return dict(zip(plan.native, out.unbind(0)))
-    vals = list(out[:k].unbind(0)) if k else []
+    if k == len(plan.native):  # scalars only
+        return dict(zip(plan.native, GV.scalars(out)))
+    vals = list(GV.scalars(out[:k])) if k else []
     vals += out[k:].split([s[0] for s in plan.native_shapes[k:]])
     return dict(zip(plan.native, vals))
 
