@@ -6,7 +6,7 @@
 
 namespace d9d {
 void add_plan_runner(PyObject* module);   // csrc/cpu/plan_runner.cpp
-void add_scalar_views(PyObject* module);  // csrc/cpu/scalar_views.cpp
+void add_group_compute(PyObject* module);  // csrc/cpu/group_compute.cpp
 }
 
 extern "C" {
@@ -16,7 +16,7 @@ PyMODINIT_FUNC PyInit__C(void) {
   PyObject* m = PyModule_Create(&module_def);
   if (m != nullptr) {
     d9d::add_plan_runner(m);
-    d9d::add_scalar_views(m);
+    d9d::add_group_compute(m);
   }
   return m;
 }

@@ -7,8 +7,8 @@
 #include "../kernels/group_values_checks.h"
 
 namespace d9d {
-namespace {
 
+// Also called directly by the host compute of a group (csrc/cpu/group_compute.cpp).
 void group_values_cpu(const at::Tensor& sum, const at::Tensor& max, const at::Tensor& replica,
                       const at::Tensor& program, const at::Tensor& beta, const at::Tensor& out) {
   using namespace group_values;
@@ -32,7 +32,6 @@ void group_values_cpu(const at::Tensor& sum, const at::Tensor& max, const at::Te
   }
 }
 
-}  // namespace
 }  // namespace d9d
 
 TORCH_LIBRARY_IMPL(d9d_kernels, CPU, m) { m.impl("group_values", &d9d::group_values_cpu); }

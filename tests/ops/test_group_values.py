@@ -247,3 +247,30 @@ def test_scalar_views_argument_errors():
                       (torch.zeros(2, dtype=torch.float64, requires_grad=True), "without grad")):
         with pytest.raises(RuntimeError, match=f"scalar_views: argument 'x' must be .*{what}"):
             _C.scalar_views(bad)
+
+
+def test_host_compute_equals_the_dispatched_ops():
+    """GV.host_compute (one C++ call) == group_values into a new output, unbind,
+    and bad_matrix @ sum[bad_index]; bad arguments raise naming the argument."""
+    g = torch.Generator().manual_seed(0)
+    sum_buf = torch.randint(0, 50, (60,), generator=g).double()
+    sum_buf[7] = float("nan")
+    empty = torch.empty(0, dtype=torch.float64)
+    program = torch.tensor([[GV.MEAN, 0, 0, 0, 1, 0, 2, -1, 0], [GV.SUM, 0, 0, 0, 1, 4, 1, -1, 1],
+                            [GV.MEAN, 0, 0, 0, 1, 6, 2, -1, 2]], dtype=torch.int64)
+    beta2 = torch.zeros(3, dtype=torch.float64)
+    idx = torch.tensor([3, 9, 3, 40], dtype=torch.int64)
+    matrix = torch.tensor([[1.0, 0.0, 2.0, 0.0], [0.0, 1.0, 0.0, 1.0]], dtype=torch.float64)
+    vals, out, counts = GV.host_compute(sum_buf, empty, empty, program, beta2, 3, 2, idx, matrix)
+    want = torch.empty(3, dtype=torch.float64)
+    GV.group_values(sum_buf, empty, empty, program, beta2, want)
+    torch.testing.assert_close(out, want, rtol=0, atol=0, equal_nan=True)
+    assert len(vals) == 2 and all(v.shape == () for v in vals)
+    torch.testing.assert_close(torch.stack(vals), want[:2], rtol=0, atol=0, equal_nan=True)
+    assert counts == (matrix @ sum_buf[idx]).tolist()
+    assert GV.host_compute(sum_buf, empty, empty, program, beta2, 3, 0, idx[:0], matrix[:, :0])[2] == [0.0, 0.0]
+    for kwargs, arg in ((dict(n_scalar=4), "n_scalar"), (dict(idx=torch.tensor([3, 9, 3, 60])), "bad_index"),
+                        (dict(idx=idx.int()), "bad_index"), (dict(matrix=matrix[:, :3]), "bad_matrix")):
+        a = dict(n_scalar=2, idx=idx, matrix=matrix) | kwargs
+        with pytest.raises(RuntimeError, match=f"group_compute: argument '{arg}'"):
+            GV.host_compute(sum_buf, empty, empty, program, beta2, 3, a["n_scalar"], a["idx"], a["matrix"])

@@ -321,8 +321,30 @@ def _native(plan: FusedPlan, bufs) -> dict:
     return dict(zip(plan.native, vals))
 
 
-def _values(plan: FusedPlan, bufs) -> dict:
-    out = _native(plan, bufs) if plan.native else {}
+def _host_native(plan: FusedPlan, bufs) -> tuple[dict, list | None]:
+    """CPU buffers: ``({name: value}`` of the ``native`` members, the raising
+    bad counts of the checked family members or None), one C++ call."""
+    s = bufs[SUM]
+    prog, beta2, empty = plan.native_args(s.device)
+    checked = bool(plan.checked_fused)
+    idx = plan.bad_index(s.device) if checked else _NO_BAD[0]
+    matrix = _bad_matrix(plan, s.device, causes=False) if checked else _NO_BAD[1]
+    vals, out, counts = GV.host_compute(s, bufs.get(MAX, empty), bufs.get(REPLICA, empty), prog, beta2,
+                                        plan.out_size, plan.n_scalar, idx, matrix)
+    k = plan.n_scalar
+    if k < len(plan.native):
+        vals += out[k:].split([s[0] for s in plan.native_shapes[k:]])
+    return dict(zip(plan.native, vals)), (counts if checked else None)
+
+
+_NO_BAD = (torch.empty(0, dtype=torch.int64), torch.empty(0, 0, dtype=torch.float64))
+
+
+def _values(plan: FusedPlan, bufs, native: dict | None = None) -> dict:
+    if native is not None:
+        out = native
+    else:
+        out = _native(plan, bufs) if plan.native else {}
     if not plan.families:
         return out
     flat, blocks = plan.indices(next(iter(bufs.values())).device)
@@ -351,17 +373,23 @@ def fused_values(group) -> dict[str, torch.Tensor]:
     bad-input error when its count is non-zero (one host read for all)."""
     plan = _plan(group)
     bufs = group._storage.current_buffers()
-    bad, single = _bad_counts(plan, bufs, causes=False), _single_bad(plan)  # per member, the count that raises
+    native = None
+    if plan.native and GV.host_compute_ok(bufs[SUM].device):  # values and counts in one call
+        native, bad = _host_native(plan, bufs)
+    else:
+        bad = _bad_counts(plan, bufs, causes=False)  # per member, the count that raises
+    single = _single_bad(plan)
     if bad is not None or single:
-        parts = ([bad] if bad is not None else []) + [c.reshape(1) for _, c in single]
-        counts = (torch.cat(parts) if len(parts) > 1 else parts[0]).tolist()
+        parts = ([bad] if isinstance(bad, torch.Tensor) else []) + [c.reshape(1) for _, c in single]
+        counts = (bad if isinstance(bad, list) else []) + (
+            (torch.cat(parts) if len(parts) > 1 else parts[0]).tolist() if parts else [])
         if any(counts):  # NaN counts (impossible) are true too, and raise
             ms = plan.checked_fused + [m for m, _ in single]
             order = {id(m): i for i, m in enumerate(group._members.values())}
             for m, v in sorted(zip(ms, counts), key=lambda t: order[id(t[0])]):
                 if v != 0:  # the first bad member (in member order) raises its own error, with its causes
                     m._checked_compute(m._states())
-    vals = _values(plan, bufs)
+    vals = _values(plan, bufs, native)
     if plan.in_order:
         return vals
     members = group._members
