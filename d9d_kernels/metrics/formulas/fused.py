@@ -298,6 +298,7 @@ def _plan(owner) -> FusedPlan:
         members = owner._members if isinstance(owner, core_metric._GroupBase) else {"": owner}
         plan = d["_fused_plan"] = FusedPlan(members, st.layout, native=key[1])
         plan.key = key
+        plan.host = bool(plan.native) and GV.host_compute_ok(st.device)
     return plan
 
 
@@ -321,23 +322,33 @@ def _native(plan: FusedPlan, bufs) -> dict:
     return dict(zip(plan.native, vals))
 
 
+def _host_args(plan: FusedPlan) -> tuple:
+    """``GV.host_compute``'s arguments after the buffers: program, beta²,
+    sizes, the bad index and matrix (empty when no member raises); made once."""
+    args = plan._device_idx.get("host")
+    if args is None:
+        cpu = torch.device("cpu")
+        prog, beta2, _ = plan.native_args(cpu)
+        if plan.checked_fused:
+            bad = (plan.bad_index(cpu), _bad_matrix(plan, cpu, causes=False))
+        else:
+            bad = (torch.empty(0, dtype=torch.int64), torch.empty(0, 0, dtype=torch.float64))
+        args = plan._device_idx["host"] = (prog, beta2, plan.out_size, plan.n_scalar, *bad)
+    return args
+
+
 def _host_native(plan: FusedPlan, bufs) -> tuple[dict, list | None]:
     """CPU buffers: ``({name: value}`` of the ``native`` members, the raising
     bad counts of the checked family members or None), one C++ call."""
-    s = bufs[SUM]
-    prog, beta2, empty = plan.native_args(s.device)
-    checked = bool(plan.checked_fused)
-    idx = plan.bad_index(s.device) if checked else _NO_BAD[0]
-    matrix = _bad_matrix(plan, s.device, causes=False) if checked else _NO_BAD[1]
-    vals, out, counts = GV.host_compute(s, bufs.get(MAX, empty), bufs.get(REPLICA, empty), prog, beta2,
-                                        plan.out_size, plan.n_scalar, idx, matrix)
+    empty = _EMPTY
+    vals, out, counts = GV.host_compute(bufs[SUM], bufs.get(MAX, empty), bufs.get(REPLICA, empty), *_host_args(plan))
     k = plan.n_scalar
     if k < len(plan.native):
         vals += out[k:].split([s[0] for s in plan.native_shapes[k:]])
-    return dict(zip(plan.native, vals)), (counts if checked else None)
+    return dict(zip(plan.native, vals)), (counts if plan.checked_fused else None)
 
 
-_NO_BAD = (torch.empty(0, dtype=torch.int64), torch.empty(0, 0, dtype=torch.float64))
+_EMPTY = torch.empty(0, dtype=torch.float64)
 
 
 def _values(plan: FusedPlan, bufs, native: dict | None = None) -> dict:
@@ -374,7 +385,7 @@ def fused_values(group) -> dict[str, torch.Tensor]:
     plan = _plan(group)
     bufs = group._storage.current_buffers()
     native = None
-    if plan.native and GV.host_compute_ok(bufs[SUM].device):  # values and counts in one call
+    if plan.host:  # CPU: values and counts in one call
         native, bad = _host_native(plan, bufs)
     else:
         bad = _bad_counts(plan, bufs, causes=False)  # per member, the count that raises
