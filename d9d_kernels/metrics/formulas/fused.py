@@ -499,7 +499,8 @@ def fused_batch_values(group, names: list[str], views) -> dict[str, torch.Tensor
     which the next forward overwrites: the fused ones are new tensors, the
     others are cloned where they alias it."""
     st = group._storage
-    vals = _values(_plan(group), st.scratch)
+    plan = _plan(group)
+    vals = _values(plan, st.scratch, _host_native(plan, st.scratch)[0] if plan.host else None)
     members = group._members
     for n in names:
         if n not in vals:
@@ -513,7 +514,7 @@ def member_value(m, bufs) -> torch.Tensor | None:
     plan = _plan(m)
     if not plan.native:
         return None
-    return _native(plan, bufs)[""]
+    return (_host_native(plan, bufs)[0] if plan.host else _native(plan, bufs))[""]
 
 
 core_metric.register_fused_compute(values=fused_values, to_host=fused_compute_to_host, batch=fused_batch_values,
