@@ -4,12 +4,12 @@
 //    x's storage, each made directly as a TensorImpl at its offset. A group's
 //    compute returns one fresh tensor per member from one packed output, and
 //    unbind's per-element select goes through the dispatcher and the view
-//    bookkeeping (~1 us a scalar). Any device.
+//    bookkeeping. Any device.
 //  * group_compute(...) on CPU buffers: the output allocated, the group_values
 //    kernel, the counts of bad inputs that make members raise (weighted sums of
 //    slots of the SUM buffer) and the scalar views, with no dispatched op in
-//    between. Right after a sync every distinct op a compute() touches costs
-//    ~20 us of cold caches, so the number of ops, not their work, decides it.
+//    between. compute() runs right after a sync, from cold caches, so the
+//    number of distinct ops it touches, not their work, decides its cost.
 // The results carry no autograd history: callers pass plain tensors, outside
 // torch.compile. Host code: it lives with the CPU sources because the host
 // compiler builds it.

@@ -41,8 +41,8 @@ _SCALAR_VIEWS, _GROUP_COMPUTE = _host_functions()
 def scalars(out: torch.Tensor) -> list[torch.Tensor] | tuple[torch.Tensor, ...]:
     """``out.unbind(0)`` for the 1-D float64 ``out`` that ``group_values`` just
     wrote (eager, no grad): one fresh 0-d tensor per value, on ``out``'s
-    storage, made in C++ without the dispatcher (a group's compute returns one
-    per member; unbind costs ~1 µs a value, this ~0.4 µs)."""
+    storage, made in C++ without the dispatcher: a group's compute returns one
+    per member, and unbind dispatches a select per value."""
     return _SCALAR_VIEWS(out) if _SCALAR_VIEWS is not None else out.unbind(0)
 
 
@@ -57,8 +57,8 @@ def host_compute(sum_buf: torch.Tensor, max_buf: torch.Tensor, replica: torch.Te
     """CPU buffers, one C++ call: ``group_values`` into a new ``out`` of
     ``out_size``, then ``(scalars(out[:n_scalar]), out, counts)`` with
     ``counts[r] = sum_j bad_matrix[r, j] * sum_buf[bad_index[j]]`` (the bad-input
-    counts that make members raise). Right after a sync each distinct op of a
-    compute() costs ~20 µs of cold caches: this replaces five of them."""
+    counts that make members raise). compute() runs right after a sync, from
+    cold caches, where the number of distinct ops it touches decides its cost."""
     return _GROUP_COMPUTE(sum_buf, max_buf, replica, program, beta2, out_size, n_scalar, bad_index, bad_matrix)
 
 

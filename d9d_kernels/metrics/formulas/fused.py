@@ -311,15 +311,20 @@ def _native_out(plan: FusedPlan, bufs) -> torch.Tensor:
     return out
 
 
+def _named(plan: FusedPlan, scalars, out: torch.Tensor) -> dict:
+    """``{name: value}`` of the ``native`` members: ``scalars`` (of
+    ``out[:n_scalar]``), then the vector members split from the rest of ``out``."""
+    k = plan.n_scalar
+    if k == len(plan.native):
+        return dict(zip(plan.native, scalars))
+    return dict(zip(plan.native, [*scalars, *out[k:].split([s[0] for s in plan.native_shapes[k:]])]))
+
+
 def _native(plan: FusedPlan, bufs) -> dict:
     """``{name: value}`` of the plan's ``native`` members."""
     out = _native_out(plan, bufs)
     k = plan.n_scalar
-    if k == len(plan.native):  # scalars only
-        return dict(zip(plan.native, GV.scalars(out)))
-    vals = list(GV.scalars(out[:k])) if k else []
-    vals += out[k:].split([s[0] for s in plan.native_shapes[k:]])
-    return dict(zip(plan.native, vals))
+    return _named(plan, GV.scalars(out if k == out.numel() else out[:k]), out)
 
 
 def _host_args(plan: FusedPlan) -> tuple:
@@ -342,10 +347,7 @@ def _host_native(plan: FusedPlan, bufs) -> tuple[dict, list | None]:
     bad counts of the checked family members or None), one C++ call."""
     empty = _EMPTY
     vals, out, counts = GV.host_compute(bufs[SUM], bufs.get(MAX, empty), bufs.get(REPLICA, empty), *_host_args(plan))
-    k = plan.n_scalar
-    if k < len(plan.native):
-        vals += out[k:].split([s[0] for s in plan.native_shapes[k:]])
-    return dict(zip(plan.native, vals)), (counts if plan.checked_fused else None)
+    return _named(plan, vals, out), (counts if plan.checked_fused else None)
 
 
 _EMPTY = torch.empty(0, dtype=torch.float64)
@@ -391,9 +393,10 @@ def fused_values(group) -> dict[str, torch.Tensor]:
         bad = _bad_counts(plan, bufs, causes=False)  # per member, the count that raises
     single = _single_bad(plan)
     if bad is not None or single:
+        counts = bad if isinstance(bad, list) else []  # the host call's counts are read already
         parts = ([bad] if isinstance(bad, torch.Tensor) else []) + [c.reshape(1) for _, c in single]
-        counts = (bad if isinstance(bad, list) else []) + (
-            (torch.cat(parts) if len(parts) > 1 else parts[0]).tolist() if parts else [])
+        if parts:  # one host read for the rest
+            counts = counts + (torch.cat(parts) if len(parts) > 1 else parts[0]).tolist()
         if any(counts):  # NaN counts (impossible) are true too, and raise
             ms = plan.checked_fused + [m for m, _ in single]
             order = {id(m): i for i, m in enumerate(group._members.values())}
