@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import statistics
+import sys
 import time
 
 import torch
@@ -124,6 +125,23 @@ def feed(g: dk.MetricGroup, seed: int = 0) -> None:
     y = torch.randn(n, generator=gen, dtype=torch.float64) + 1e3
     for k in ("mse", "mae", "r2", "pearson", "ev"):
         g[k].update(y + torch.randn(n, generator=gen, dtype=torch.float64), y)
+
+
+def host_calls(fn) -> int:
+    """Python and C function calls made by ``fn()``: a count of host work that,
+    unlike a time, does not move with the machine's load."""
+    n = 0
+
+    def tally(frame, event, arg):
+        nonlocal n
+        n += event in ("call", "c_call")
+
+    sys.setprofile(tally)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return n
 
 
 def median_time(fn, repeats: int) -> float:
