@@ -14,16 +14,14 @@ bench/bench_scale.py.
 from __future__ import annotations
 
 import contextlib
-import statistics
 import sys
-import time
 
 import torch
 import torch.distributed as dist
 
 import d9d_kernels as dk
 
-__all__ = ["CountingStore", "fake_world", "catalogue_group", "feed", "median_time"]
+__all__ = ["CountingStore", "fake_world", "catalogue_group", "feed", "host_calls"]
 
 
 class CountingStore(dist.Store):
@@ -142,13 +140,3 @@ def host_calls(fn) -> int:
     finally:
         sys.setprofile(None)
     return n
-
-
-def median_time(fn, repeats: int) -> float:
-    """Median host seconds of ``fn()`` over ``repeats`` calls."""
-    ts = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t)
-    return statistics.median(ts)
