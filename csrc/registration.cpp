@@ -7,6 +7,7 @@
 namespace d9d {
 void add_plan_runner(PyObject* module);   // csrc/cpu/plan_runner.cpp
 void add_group_compute(PyObject* module);  // csrc/cpu/group_compute.cpp
+void add_forward_scratch(PyObject* module);  // csrc/cpu/forward_scratch.cpp
 }
 
 extern "C" {
@@ -17,6 +18,7 @@ PyMODINIT_FUNC PyInit__C(void) {
   if (m != nullptr) {
     d9d::add_plan_runner(m);
     d9d::add_group_compute(m);
+    d9d::add_forward_scratch(m);
   }
   return m;
 }

@@ -25,6 +25,40 @@ from d9d_kernels.core.statistic import KINDS, MAX, REPLICA, SUM, Slot, Statistic
 __all__ = ["Layout", "Storage", "StateEntry", "numel", "check_fits", "format_bytes"]
 
 
+def _scratch_ranges():
+    from d9d_kernels import _extension
+
+    if _extension.CPP_ERROR is not None:
+        return None
+    from d9d_kernels import _C
+
+    return getattr(_C, "scratch_ranges", None)
+
+
+# csrc/cpu/forward_scratch.cpp: a forward's scratch reset and fold, one call each
+_SCRATCH_RANGES = _scratch_ranges()
+_KIND_CODES = {SUM: 0, MAX: 1, REPLICA: 2}
+
+
+class FoldRanges:
+    """Forward's scratch ranges of a set of statistics: ``ranges``, per range
+    ``(kind, state view, scratch view, reset-value view or None)``; with
+    ``native`` (CPU buffers and the extension), the same as the argument lists
+    of one ``_C.scratch_ranges`` call each: ``reset`` (every range but
+    REPLICA's, then all of REPLICA copied from the state) and ``fold``."""
+
+    __slots__ = ("ranges", "native", "reset", "fold")
+
+    def __init__(self, ranges: tuple, replica: tuple | None, native: bool):
+        self.ranges = ranges
+        self.native = native
+        coded = [(_KIND_CODES[k], loc, scr, init) for k, loc, scr, init in ranges]
+        self.fold = coded
+        self.reset = [r for r in coded if r[0] != _KIND_CODES[REPLICA]]
+        if replica is not None:
+            self.reset.append((_KIND_CODES[REPLICA], *replica[1:]))
+
+
 def numel(shape) -> int:
     return int(math.prod(shape))
 
@@ -226,7 +260,7 @@ class Storage:
         self.scratch_views: list[dict[str, torch.Tensor]] | None = None
         self.scratch_ptrs: set = set()  # the scratch buffers' data pointers (core.metric.detach_from)
         self.scratch_states: dict = {}  # metric id -> its states on the scratch views (Metric._states)
-        self.scratch_dirty: tuple = ()  # ranges the last forward wrote (re-filled at the next)
+        self.scratch_dirty: FoldRanges | None = None  # ranges the last forward wrote (re-filled at the next)
         self.saved_views: list | None = None  # local views while a forward runs on the scratch
         self.touched: set | None = None  # statistics run during a forward
         self.fold_cache: dict = {}  # frozenset of statistics -> _fold_ranges
@@ -297,16 +331,20 @@ class Storage:
             self.scratch_ptrs = {b.untyped_storage().data_ptr() for b in sc.values()}
             with torch.inference_mode(False):
                 self.scratch_views = [self.layout.views(sc, j) for j in range(len(self.layout.stats))]
+            dirty = self._fold_ranges(frozenset())  # a fresh copy of the reset values: the REPLICA copy only
         else:
-            for kind, _, scr, init in self.scratch_dirty:
+            dirty = self.scratch_dirty
+        if dirty.native:
+            _SCRATCH_RANGES(dirty.reset, False)
+        else:
+            for kind, _, scr, init in dirty.ranges:
                 if kind != REPLICA:
                     if init is None:
                         scr.zero_()
                     else:
                         scr.copy_(init)
-        self.scratch_dirty = ()
-        if self.layout.sizes[REPLICA]:
-            sc[REPLICA].copy_(self.local[REPLICA])
+            if self.layout.sizes[REPLICA]:
+                sc[REPLICA].copy_(self.local[REPLICA])
         self.touched = set()
         self.saved_views = self.local_views
         self.local_views = self.scratch_views
@@ -324,25 +362,27 @@ class Storage:
         (the update raised) leaves the state as it was."""
         self.local_views = self.saved_views
         self.saved_views = None
-        ranges = self._fold_ranges(frozenset(self.touched))
+        ranges = self.scratch_dirty = self._fold_ranges(frozenset(self.touched))
         self.touched = None
-        self.scratch_dirty = ranges
         if not fold:
             return self.scratch_views
-        for kind, loc, scr, init in ranges:
-            if kind == SUM:
-                loc.add_(scr if init is None else scr - init)  # non-zero reset values: the batch's part only
-            elif kind == MAX:
-                torch.maximum(loc, scr, out=loc)
-            else:
-                loc.copy_(scr)
+        if ranges.native:
+            _SCRATCH_RANGES(ranges.fold, True)
+        else:
+            for kind, loc, scr, init in ranges.ranges:
+                if kind == SUM:
+                    loc.add_(scr if init is None else scr - init)  # non-zero reset values: the batch's part only
+                elif kind == MAX:
+                    torch.maximum(loc, scr, out=loc)
+                else:
+                    loc.copy_(scr)
         self.dirty = True
         return self.scratch_views
 
-    def _fold_ranges(self, js: frozenset) -> tuple:
-        """``(kind, local view, scratch view, reset-value view or None)`` per
-        contiguous range of the statistics ``js`` (a statistic's slots of one
-        kind are adjacent; adjacent statistics merge into one range)."""
+    def _fold_ranges(self, js: frozenset) -> "FoldRanges":
+        """The contiguous ranges of the statistics ``js`` in the state and
+        the scratch (a statistic's slots of one kind are adjacent; adjacent
+        statistics merge into one range)."""
         hit = self.fold_cache.get(js)
         if hit is not None:
             return hit
@@ -350,7 +390,7 @@ class Storage:
             hit = self.fold_cache[js] = self._make_fold_ranges(js)
         return hit
 
-    def _make_fold_ranges(self, js: frozenset) -> tuple:
+    def _make_fold_ranges(self, js: frozenset) -> "FoldRanges":
         out = []
         for kind in KINDS:
             spans = []
@@ -368,7 +408,8 @@ class Storage:
                 if b > a:
                     init = None if zero else self.init[kind][a:b]
                     out.append((kind, self.local[kind][a:b], self.scratch[kind][a:b], init))
-        return tuple(out)
+        replica = (REPLICA, self.local[REPLICA], self.scratch[REPLICA], None) if self.layout.sizes[REPLICA] else None
+        return FoldRanges(tuple(out), replica, native=_SCRATCH_RANGES is not None and self.device.type == "cpu")
 
     # -- merge: another storage's state added into this one ------------------------
     def merge_stat(self, j: int, other: "Storage", jo: int) -> None:

@@ -7,6 +7,7 @@ forward interleaved with update equals update alone (pivots, NaN, maxima)."""
 
 from __future__ import annotations
 
+import itertools
 import math
 import warnings
 
@@ -246,11 +247,18 @@ def _equal_nan(a: torch.Tensor, b: torch.Tensor) -> bool:
         torch.equal(torch.isnan(a), torch.isnan(b))
 
 
+@pytest.mark.parametrize("native", [True, False], ids=["scratch_ranges", "torch ops"])
 @pytest.mark.parametrize("strategy", ["propagate", "ignore"])
-def test_forward_state_equals_update_state_with_nan_inf_and_unset_pivots(strategy):
+def test_forward_state_equals_update_state_with_nan_inf_and_unset_pivots(strategy, native, monkeypatch):
     """The fold (sums added, maxima maxed, pivots copied) leaves exactly the
     state update() would have: NaN/Inf batches, batches with no valid element
-    before the pivot is set, masks."""
+    before the pivot is set, masks; by the C++ reset and fold (CPU) and by
+    the torch ops (other devices)."""
+    from d9d_kernels.core import storage
+
+    assert storage._SCRATCH_RANGES is not None
+    if not native:
+        monkeypatch.setattr(storage, "_SCRATCH_RANGES", None)
     vals = [torch.tensor([float("nan"), 2.0]), torch.tensor([float("inf")]), torch.tensor([5.0, -1.0]),
             torch.tensor([3.0, float("-inf")]), torch.tensor([7.0])]
     masks = [None, None, torch.tensor([False, True]), None, None]
@@ -269,6 +277,48 @@ def test_forward_state_equals_update_state_with_nan_inf_and_unset_pivots(strateg
         up.update(p[sl], t[sl])
     for k in ("sum", "replica"):
         assert _equal_nan(fw._storage.local[k], up._storage.local[k]), k
+
+
+def test_scratch_ranges_equal_the_torch_ops():
+    """_C.scratch_ranges (forward's reset and fold on CPU) against the torch
+    ops it stands for, on NaN, Inf, signed zeros and non-zero reset values."""
+    from d9d_kernels import _C
+
+    gen = torch.Generator().manual_seed(0)
+    special = torch.tensor([float("nan"), float("inf"), float("-inf"), 0.0, -0.0, 1.5], dtype=torch.float64)
+
+    def values(n):
+        x = torch.randn(n, generator=gen, dtype=torch.float64)
+        pick = torch.rand(n, generator=gen) < 0.4
+        return torch.where(pick, special[torch.randint(0, 6, (n,), generator=gen)], x)
+
+    for kind, with_init in itertools.product((0, 1, 2), (False, True)):
+        n = 37
+        state, scratch, init = values(n), values(n), values(n) if with_init else None
+        for fold in (False, True):
+            s_got, x_got = state.clone(), scratch.clone()
+            _C.scratch_ranges([(kind, s_got, x_got, init)], fold)
+            s_want, x_want = state.clone(), scratch.clone()
+            if not fold:
+                if kind == 2:
+                    x_want.copy_(s_want)
+                elif init is None:
+                    x_want.zero_()
+                else:
+                    x_want.copy_(init)
+            elif kind == 0:
+                s_want.add_(x_want if init is None else x_want - init)
+            elif kind == 1:
+                torch.maximum(s_want, x_want, out=s_want)
+            else:
+                s_want.copy_(x_want)
+            assert _equal_nan(s_got, s_want) and _equal_nan(x_got, x_want), (kind, with_init, fold)
+    ok = torch.zeros(4, dtype=torch.float64)
+    for bad, what in (((3, ok, ok.clone(), None), "kind 3"), ((0, ok, torch.zeros(4), None), "scratch"),
+                      ((0, ok, ok.clone(), torch.zeros(3, dtype=torch.float64)), "reset value"),
+                      ((0, torch.zeros(8, dtype=torch.float64)[::2], ok.clone(), None), "state")):
+        with pytest.raises(RuntimeError, match=f"scratch_ranges: argument 'ranges' holds .*{what}"):
+            _C.scratch_ranges([bad], True)
 
 
 def test_forward_interleaved_with_update_planned_and_no_new_allocation():

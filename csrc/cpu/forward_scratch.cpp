@@ -1,0 +1,82 @@
+// forward's scratch copy of the state (d9d_kernels/core/storage.py) on CPU:
+// resetting the ranges the last forward wrote and folding the ranges this one
+// wrote into the state, each in one call. A range is a slice of one kind's
+// buffer; a small group's forward has two or three of them, and dispatching
+// a zero_ / add_ / maximum / copy_ per range cost more than its update.
+//
+//   reset: SUM, MAX  scratch = init (absent: 0);  REPLICA  scratch = state
+//   fold:  SUM       state += scratch (- init);   MAX      state = max(state, scratch), NaN-propagating
+//          REPLICA   state = scratch
+// The same arithmetic as the torch ops storage.py falls back to, element by
+// element, so the state is bit-identical either way. Host code: it lives with
+// the CPU sources because the host compiler builds it.
+#include <torch/extension.h>
+
+#include <cstring>
+#include <optional>
+#include <tuple>
+#include <vector>
+
+namespace py = pybind11;
+
+namespace d9d {
+namespace {
+
+enum Kind : int64_t { kSum = 0, kMax = 1, kReplica = 2 };  // core.statistic.KINDS, in order
+
+using Range = std::tuple<int64_t, at::Tensor, at::Tensor, std::optional<at::Tensor>>;
+
+double* plain(const at::Tensor& t, int64_t n, const char* what) {
+  TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == at::kDouble && t.is_contiguous() && t.numel() == n,
+              "d9d_kernels._C.scratch_ranges: argument 'ranges' holds a ", what,
+              " that is not a contiguous float64 CPU tensor of ", n, " elements");
+  return t.data_ptr<double>();
+}
+
+void scratch_ranges(const std::vector<Range>& ranges, bool fold) {
+  for (const auto& [kind, state, scratch, init] : ranges) {
+    TORCH_CHECK(kind == kSum || kind == kMax || kind == kReplica,
+                "d9d_kernels._C.scratch_ranges: argument 'ranges' holds kind ", kind, "; expected 0, 1 or 2");
+    const int64_t n = state.numel();
+    double* s = plain(state, n, "state");
+    double* x = plain(scratch, n, "scratch");
+    const double* i0 = init.has_value() ? plain(*init, n, "reset value") : nullptr;
+    if (!fold) {
+      if (kind == kReplica) {
+        std::memcpy(x, s, sizeof(double) * n);
+      } else if (i0 != nullptr) {
+        std::memcpy(x, i0, sizeof(double) * n);
+      } else {
+        std::memset(x, 0, sizeof(double) * n);  // +0.0 is all-zero bits
+      }
+    } else if (kind == kSum) {
+      if (i0 != nullptr) {
+        for (int64_t k = 0; k < n; ++k) s[k] += x[k] - i0[k];
+      } else {
+        for (int64_t k = 0; k < n; ++k) s[k] += x[k];
+      }
+    } else if (kind == kMax) {
+      for (int64_t k = 0; k < n; ++k) {
+        const double a = s[k], b = x[k];
+        s[k] = a != a ? a : b != b ? b : a < b ? b : a;
+      }
+    } else {
+      std::memcpy(s, x, sizeof(double) * n);
+    }
+  }
+}
+
+}  // namespace
+
+// Adds scratch_ranges to the module; without it (an error here) forward
+// dispatches the torch ops per range.
+void add_forward_scratch(PyObject* module) {
+  try {
+    py::module_ m = py::reinterpret_borrow<py::module_>(module);
+    m.def("scratch_ranges", &scratch_ranges, "forward's scratch ranges reset (fold=False) or folded into the state");
+  } catch (const std::exception&) {
+    PyErr_Clear();
+  }
+}
+
+}  // namespace d9d
