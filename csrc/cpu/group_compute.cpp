@@ -4,7 +4,8 @@
 //    x's storage, each made directly as a TensorImpl at its offset. A group's
 //    compute returns one fresh tensor per member from one packed output, and
 //    unbind's per-element select goes through the dispatcher and the view
-//    bookkeeping. Any device.
+//    bookkeeping. Any device. group_compute makes the vector values (a
+//    per-class score, a confusion matrix) the same way, with their shapes.
 //  * group_compute(...) on CPU buffers: the output allocated, the group_values
 //    kernel, the counts of bad inputs that make members raise (weighted sums of
 //    slots of the SUM buffer) and the scalar views, with no dispatched op in
@@ -28,29 +29,58 @@ void group_values_cpu(const at::Tensor& sum, const at::Tensor& max, const at::Te
 
 namespace {
 
-std::vector<at::Tensor> scalar_views(const at::Tensor& x) {
-  TORCH_CHECK(x.dim() == 1, "d9d_kernels._C.scalar_views: argument 'x' must be 1-D, got ", x.dim(), "-D");
-  TORCH_CHECK(x.layout() == at::kStrided && x.has_storage() && !x.requires_grad() && !x.is_quantized(),
-              "d9d_kernels._C.scalar_views: argument 'x' must be a plain strided tensor without grad");
-  const int64_t n = x.size(0), stride = x.stride(0), offset = x.storage_offset();
+// Tensors on x's storage, one after another from x[0]: n_scalar 0-d ones,
+// then one per shape in `shapes` (row-major over x's stride), each made
+// directly as a TensorImpl.
+std::vector<at::Tensor> value_views(const char* op, const at::Tensor& x, int64_t n_scalar,
+                                    const std::vector<std::vector<int64_t>>& shapes) {
+  TORCH_CHECK(x.dim() == 1, op, ": argument 'x' must be 1-D, got ", x.dim(), "-D");
+  TORCH_CHECK(x.layout() == at::kStrided && x.has_storage() && !x.requires_grad() && !x.is_quantized(), op,
+              ": argument 'x' must be a plain strided tensor without grad");
+  int64_t need = n_scalar;
+  for (const auto& shape : shapes) {
+    for (int64_t d : shape) TORCH_CHECK(d >= 0, op, ": argument 'shapes' holds a negative size, ", d);
+    need += c10::multiply_integers(shape);
+  }
+  TORCH_CHECK(n_scalar >= 0 && need <= x.size(0), op, ": the values need ", need, " elements, 'x' has ", x.size(0));
+  const int64_t stride = x.stride(0);
+  int64_t offset = x.storage_offset();
   std::vector<at::Tensor> out;
-  out.reserve(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) {
+  out.reserve(static_cast<size_t>(n_scalar) + shapes.size());
+  auto make = [&](c10::IntArrayRef sizes) {
     at::Tensor t = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(x.storage()), x.key_set(), x.dtype());
     c10::TensorImpl* impl = t.unsafeGetTensorImpl();
-    impl->set_storage_offset(offset + i * stride);
-    impl->set_sizes_contiguous({});
+    impl->set_storage_offset(offset);
+    if (sizes.empty() || stride == 1) {
+      impl->set_sizes_contiguous(sizes);
+    } else {
+      std::vector<int64_t> strides(sizes.size());
+      int64_t s = stride;
+      for (size_t d = sizes.size(); d-- > 0;) {
+        strides[d] = s;
+        s *= sizes[d];
+      }
+      impl->set_sizes_and_strides(sizes, strides);
+    }
+    offset += c10::multiply_integers(sizes) * stride;
     out.push_back(std::move(t));
-  }
+  };
+  for (int64_t i = 0; i < n_scalar; ++i) make({});
+  for (const auto& shape : shapes) make(shape);
   return out;
 }
 
-// (scalar values of out[:n_scalar], out, raising counts): counts[r] =
-// sum_j bad_matrix[r, j] * sum[bad_index[j]] (exact: small integer sums).
+std::vector<at::Tensor> scalar_views(const at::Tensor& x) {
+  return value_views("d9d_kernels._C.scalar_views", x, x.dim() == 1 ? x.size(0) : 0, {});
+}
+
+// (the values: n_scalar 0-d tensors then one per vector shape, all on one new
+// `out` of out_size; out; raising counts): counts[r] = sum_j bad_matrix[r, j] *
+// sum[bad_index[j]] (exact: small integer sums).
 std::tuple<std::vector<at::Tensor>, at::Tensor, std::vector<double>> group_compute(
     const at::Tensor& sum, const at::Tensor& max, const at::Tensor& replica, const at::Tensor& program,
-    const at::Tensor& beta, int64_t out_size, int64_t n_scalar, const at::Tensor& bad_index,
-    const at::Tensor& bad_matrix) {
+    const at::Tensor& beta, int64_t out_size, int64_t n_scalar, const std::vector<std::vector<int64_t>>& shapes,
+    const at::Tensor& bad_index, const at::Tensor& bad_matrix) {
   constexpr const char* op = "d9d_kernels._C.group_compute";
   TORCH_CHECK(sum.device().is_cpu(), op, ": argument 'sum' must be on the CPU, got ", sum.device());
   TORCH_CHECK(0 <= n_scalar && n_scalar <= out_size, op, ": argument 'n_scalar' must lie in [0, out_size = ",
@@ -77,7 +107,7 @@ std::tuple<std::vector<at::Tensor>, at::Tensor, std::vector<double>> group_compu
   for (size_t r = 0; r < counts.size(); ++r) {
     for (int64_t j = 0; j < B; ++j) counts[r] += m[static_cast<int64_t>(r) * B + j] * s[idx[j]];
   }
-  return {scalar_views(out.narrow(0, 0, n_scalar)), out, counts};
+  return {value_views(op, out, n_scalar, shapes), out, counts};
 }
 
 }  // namespace

@@ -24,6 +24,8 @@ void group_values_cpu(const at::Tensor& sum, const at::Tensor& max, const at::Te
       write_nan(r, o, n_out);
     } else if (r[kFormula] < kAccuracy) {
       o[r[kOut]] = scalar_value(r, b);
+    } else if (r[kFormula] == kConfmat) {
+      for (int64_t e = 0; e < out_len(r); ++e) o[r[kOut] + e] = confmat_value(r, b.sum, e);
     } else {
       Partial p;
       for (int64_t c = 0; c < r[kClasses]; ++c) add_class(r, beta2[i], b.sum, c, p, o);

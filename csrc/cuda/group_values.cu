@@ -25,6 +25,10 @@ __global__ void group_values_kernel(Buffers b, const int64_t* __restrict__ prog,
     if (threadIdx.x == 0) out[r[kOut]] = scalar_value(r, b);
     return;
   }
+  if (r[kFormula] == kConfmat) {
+    for (int64_t e = threadIdx.x; e < out_len(r); e += blockDim.x) out[r[kOut] + e] = confmat_value(r, b.sum, e);
+    return;
+  }
   const double beta2 = beta[blockIdx.x];
   Partial p;
   for (int64_t c = threadIdx.x; c < r[kClasses]; c += blockDim.x) add_class(r, beta2, b.sum, c, p, out);

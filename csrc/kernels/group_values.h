@@ -26,14 +26,27 @@ enum Col : int {
   kLayout,     // Layout (classification)
   kTopKRule,   // 1: a class absent from the target is left out of "macro" (top_k > 1)
   kClasses,    // C (classes or labels)
-  kOffset,     // SUM: stats [3, C] / state [C, 4] / moments [w, Σx]; MAX: the extremum
+  kOffset,     // SUM: stats [3, C] / state [C, 4] / moments [w, Σx] / confmat [C, C]; MAX: the extremum
   kCount,      // SUM: valid rows n (class rows); REPLICA: the moments' pivot
   kNonfinite,  // SUM: non-finite rows (nan_strategy="propagate"), -1 none
   kOut,        // first output element
   kCols
 };
 
-enum Formula : int64_t { kMean, kSum, kMax, kMin, kAccuracy, kPrecision, kRecall, kFBeta, kSpecificity, kJaccard };
+// kConfmat: a multiclass confusion matrix, [C, C] counts at kOffset (ConfusionMatrix, normalize=None).
+enum Formula : int64_t {
+  kMean,
+  kSum,
+  kMax,
+  kMin,
+  kAccuracy,
+  kPrecision,
+  kRecall,
+  kFBeta,
+  kSpecificity,
+  kJaccard,
+  kConfmat
+};
 enum Average : int64_t { kMicro, kMacro, kWeighted, kNone };
 // kClassRows: class_stats' [3, C] (tp, predicted, target) and n (multiclass);
 // kLabelRows: binary_stats' [C, 4] (tp, fp, tn, fn) per label (binary, multilabel).
@@ -64,6 +77,7 @@ D9D_HD inline bool in_range(int64_t off, int64_t len, int64_t n) { return off >=
 
 // Elements the row writes to `out`.
 D9D_HD inline int64_t out_len(const int64_t* r) {
+  if (r[kFormula] == kConfmat) return r[kClasses] * r[kClasses];
   return r[kFormula] >= kAccuracy && r[kAverage] == kNone ? r[kClasses] : 1;
 }
 
@@ -72,6 +86,10 @@ D9D_HD inline bool reads_ok(const int64_t* r, const Buffers& b) {
   const int64_t f = r[kFormula], C = r[kClasses];
   if (f == kMean || f == kSum) return in_range(r[kOffset], 2, b.n_sum) && in_range(r[kCount], 1, b.n_replica);
   if (f == kMax || f == kMin) return in_range(r[kOffset], 1, b.n_max);
+  if (f == kConfmat) {
+    return C >= 1 && C <= b.n_sum / C && in_range(r[kOffset], C * C, b.n_sum) &&
+           (r[kNonfinite] < 0 || in_range(r[kNonfinite], 1, b.n_sum));
+  }
   if (f > kJaccard || C < 1 || r[kAverage] < kMicro || r[kAverage] > kNone) return false;
   if (r[kNonfinite] >= 0 && !in_range(r[kNonfinite], 1, b.n_sum)) return false;
   if (r[kLayout] == kLabelRows) return C <= b.n_sum / 4 && in_range(r[kOffset], 4 * C, b.n_sum);
@@ -183,6 +201,13 @@ D9D_HD inline void finish_class(const int64_t* r, double beta2, const double* su
     v = safe_div(p.ws, p.w);
   }
   out[o] = propagate_nan ? NAN : v;
+}
+
+// Element i of a confusion-matrix row: the count, or NaN once a prediction
+// was non-finite under nan_strategy="propagate".
+D9D_HD inline double confmat_value(const int64_t* r, const double* sum, int64_t i) {
+  const bool propagate_nan = r[kNonfinite] >= 0 && sum[r[kNonfinite]] > 0.0;
+  return propagate_nan ? NAN : sum[r[kOffset] + i];
 }
 
 // The row's outputs are NaN (row_ok is false), where its output fits.

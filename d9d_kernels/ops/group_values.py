@@ -18,7 +18,7 @@ from d9d_kernels import _extension
 
 # Program columns and codes, as csrc/kernels/group_values.h numbers them.
 COLUMNS = ("formula", "average", "layout", "top_k_rule", "classes", "offset", "count", "nonfinite", "out")
-MEAN, SUM, MAX, MIN, ACCURACY, PRECISION, RECALL, FBETA, SPECIFICITY, JACCARD = range(10)
+MEAN, SUM, MAX, MIN, ACCURACY, PRECISION, RECALL, FBETA, SPECIFICITY, JACCARD, CONFMAT = range(11)
 AVERAGES = {"micro": 0, "macro": 1, "weighted": 2, "none": 3}
 CLASS_ROWS, LABEL_ROWS = 0, 1
 
@@ -52,14 +52,17 @@ def host_compute_ok(device: torch.device) -> bool:
 
 
 def host_compute(sum_buf: torch.Tensor, max_buf: torch.Tensor, replica: torch.Tensor, program: torch.Tensor,
-                 beta2: torch.Tensor, out_size: int, n_scalar: int, bad_index: torch.Tensor,
+                 beta2: torch.Tensor, out_size: int, n_scalar: int, shapes: list[list[int]], bad_index: torch.Tensor,
                  bad_matrix: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor, list[float]]:
     """CPU buffers, one C++ call: ``group_values`` into a new ``out`` of
-    ``out_size``, then ``(scalars(out[:n_scalar]), out, counts)`` with
+    ``out_size``, then ``(values, out, counts)``: ``values`` are
+    ``scalars(out[:n_scalar])`` followed by one tensor of each shape in
+    ``shapes`` (the vector members, packed after the scalars), and
     ``counts[r] = sum_j bad_matrix[r, j] * sum_buf[bad_index[j]]`` (the bad-input
     counts that make members raise). compute() runs right after a sync, from
     cold caches, where the number of distinct ops it touches decides its cost."""
-    return _GROUP_COMPUTE(sum_buf, max_buf, replica, program, beta2, out_size, n_scalar, bad_index, bad_matrix)
+    return _GROUP_COMPUTE(sum_buf, max_buf, replica, program, beta2, out_size, n_scalar, shapes, bad_index,
+                          bad_matrix)
 
 
 def group_values_ok(device: torch.device) -> bool:

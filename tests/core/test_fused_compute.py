@@ -33,7 +33,8 @@ def _members():
         "fbeta": dk.FBetaScore(**mc, beta=2.0, average="macro"),
         "spec": dk.Specificity(**mc, average="macro"), "jac": dk.JaccardIndex(**mc),
         "f1_ign": dk.F1Score(**mc, average="macro", ignore_index=0),
-        "cm": dk.ConfusionMatrix(**mc), "kappa": dk.CohenKappa(**mc),  # no family: their own compute()
+        "cm": dk.ConfusionMatrix(**mc), "cm_prop": dk.ConfusionMatrix(**mc, nan_strategy="propagate"),
+        "cm_true": dk.ConfusionMatrix(**mc, normalize="true"), "kappa": dk.CohenKappa(**mc),  # no family: their own compute()
         "ppl": dk.Perplexity(), "auroc": dk.AUROC(**mc, num_bins=32),
     }
 
@@ -73,7 +74,7 @@ def test_fused_compute_equals_per_member_and_references(seed):
     for n in want:
         np.testing.assert_array_equal(np.asarray(host[n]), want[n].numpy(), err_msg=n)
     plan = g.__dict__["_fused_plan"]
-    assert {"cm", "kappa", "ppl", "auroc"} == set(plan.single), "families cover the rest"
+    assert {"cm_true", "kappa", "ppl", "auroc"} == set(plan.single), "the op and the families cover the rest"
 
     # independent references
     p = torch.cat([lg.argmax(1) for lg, *_ in data]).numpy()
@@ -170,7 +171,7 @@ def test_group_values_op_equals_the_torch_families(monkeypatch):
     _feed(g, 4)
     g["mean"].update(torch.tensor([1.0, 2.0]), weights=torch.tensor([1.0, -1.0]))  # Σw stays > 0
     native = g.compute()
-    assert {"acc", "f1_none", "f1_prop", "fbeta", "mean", "min"} <= set(g.__dict__["_fused_plan"].native)
+    assert {"acc", "f1_none", "f1_prop", "fbeta", "mean", "min", "cm", "cm_prop"} <= set(g.__dict__["_fused_plan"].native)
     monkeypatch.setattr(fused.GV, "group_values_ok", lambda device: False)
     families = g.compute()
     assert g.__dict__["_fused_plan"].native == []

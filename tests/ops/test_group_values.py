@@ -37,6 +37,10 @@ def _reference(sum_buf, max_buf, replica, program, beta2) -> list[torch.Tensor]:
         if code in (GV.MAX, GV.MIN):
             out.append(max_buf[off] if code == GV.MAX else -max_buf[off])
             continue
+        if code == GV.CONFMAT:  # the [C, C] counts as they are, NaN once a prediction was non-finite
+            v = sum_buf[off : off + C * C]
+            out.append(torch.full_like(v, float("nan")) if nf >= 0 and sum_buf[nf] > 0 else v)
+            continue
         if layout == GV.CLASS_ROWS:
             st = sum_buf[off : off + 3 * C].view(3, C)
             tp, fp, fn = st[0], st[1] - st[0], st[2] - st[0]
@@ -53,12 +57,18 @@ def _reference(sum_buf, max_buf, replica, program, beta2) -> list[torch.Tensor]:
     return out
 
 
+def _out_len(r) -> int:
+    if r[0] == GV.CONFMAT:
+        return r[4] * r[4]
+    return r[4] if r[0] >= GV.ACCURACY and r[1] == GV.AVERAGES["none"] else 1
+
+
 def _run(sum_buf, max_buf, replica, rows, beta2, device="cpu"):
     """The op's outputs split per row (out offsets assigned in order)."""
     program, pos = [], 0
     for r in rows:
         program.append(r[:-1] + [pos])
-        pos += r[4] if r[0] >= GV.ACCURACY and r[1] == GV.AVERAGES["none"] else 1
+        pos += _out_len(r)
     prog = torch.tensor(program, dtype=torch.int64).reshape(-1, len(GV.COLUMNS))
     b2 = torch.tensor(beta2, dtype=torch.float64)
     out = torch.full((pos,), -7.0, dtype=torch.float64)
@@ -67,7 +77,7 @@ def _run(sum_buf, max_buf, replica, rows, beta2, device="cpu"):
     GV.group_values(to(sum_buf), to(max_buf), to(replica), to(prog), to(b2), out_d)
     got, p = [], 0
     for r in prog.tolist():
-        n = r[4] if r[0] >= GV.ACCURACY and r[1] == GV.AVERAGES["none"] else 1
+        n = _out_len(r)
         got.append(out_d.cpu()[p : p + n])
         p += n
     return got, prog, b2
@@ -128,6 +138,10 @@ def test_every_formula_average_layout_equals_the_torch_formulas(seed):
     for code, o in itertools.product((GV.MAX, GV.MIN), range(4)):
         rows.append([code, 0, 0, 0, 1, o, 0, -1, 0])
         beta2.append(0.0)
+    for C, nf in ((1, -1), (3, -1), (3, 0), (2, 1)):  # confusion matrices over the counts; NaN where sum[nf] > 0
+        rows.append([GV.CONFMAT, 0, 0, 0, C, 3 + seed, 0, nf, 0])
+        beta2.append(0.0)
+    sum_buf[1] = float(seed % 2)  # the second NaN row propagates on odd seeds
     got, prog, b2 = _run(sum_buf, max_buf, replica, rows, beta2)
     want = _reference(sum_buf, max_buf, replica, prog, b2)
     for r, g, w_ in zip(prog.tolist(), got, want):
@@ -209,6 +223,8 @@ def test_cuda_equals_cpu(seed):
         parts += [st.reshape(-1), torch.tensor([n], dtype=torch.float64)]
         rows.append([code, avg, GV.CLASS_ROWS, seed % 2, C, pos, pos + 3 * C, -1, 0])
         pos += 3 * C + 1
+    for C, nf in ((1, -1), (70, -1), (40, 0), (40, pos - 1)):  # confusion matrices, one NaN-propagating (n > 0)
+        rows.append([GV.CONFMAT, 0, 0, 0, C, 0, 0, nf, 0])
     sum_buf = torch.cat(parts)
     empty = torch.zeros(0, dtype=torch.float64)
     beta2 = [2.0] * len(rows)
@@ -261,16 +277,30 @@ def test_host_compute_equals_the_dispatched_ops():
     beta2 = torch.zeros(3, dtype=torch.float64)
     idx = torch.tensor([3, 9, 3, 40], dtype=torch.int64)
     matrix = torch.tensor([[1.0, 0.0, 2.0, 0.0], [0.0, 1.0, 0.0, 1.0]], dtype=torch.float64)
-    vals, out, counts = GV.host_compute(sum_buf, empty, empty, program, beta2, 3, 2, idx, matrix)
+    vals, out, counts = GV.host_compute(sum_buf, empty, empty, program, beta2, 3, 2, [], idx, matrix)
     want = torch.empty(3, dtype=torch.float64)
     GV.group_values(sum_buf, empty, empty, program, beta2, want)
     torch.testing.assert_close(out, want, rtol=0, atol=0, equal_nan=True)
     assert len(vals) == 2 and all(v.shape == () for v in vals)
     torch.testing.assert_close(torch.stack(vals), want[:2], rtol=0, atol=0, equal_nan=True)
     assert counts == (matrix @ sum_buf[idx]).tolist()
-    assert GV.host_compute(sum_buf, empty, empty, program, beta2, 3, 0, idx[:0], matrix[:, :0])[2] == [0.0, 0.0]
+    assert GV.host_compute(sum_buf, empty, empty, program, beta2, 3, 0, [], idx[:0], matrix[:, :0])[2] == [0.0, 0.0]
     for kwargs, arg in ((dict(n_scalar=4), "n_scalar"), (dict(idx=torch.tensor([3, 9, 3, 60])), "bad_index"),
                         (dict(idx=idx.int()), "bad_index"), (dict(matrix=matrix[:, :3]), "bad_matrix")):
         a = dict(n_scalar=2, idx=idx, matrix=matrix) | kwargs
         with pytest.raises(RuntimeError, match=f"group_compute: argument '{arg}'"):
-            GV.host_compute(sum_buf, empty, empty, program, beta2, 3, a["n_scalar"], a["idx"], a["matrix"])
+            GV.host_compute(sum_buf, empty, empty, program, beta2, 3, a["n_scalar"], [], a["idx"], a["matrix"])
+    # vector values after the scalars, with their shapes: a [3, 3] confusion matrix and a [2] vector
+    program = torch.tensor([[GV.SUM, 0, 0, 0, 1, 4, 1, -1, 0], [GV.CONFMAT, 0, 0, 0, 3, 10, 0, -1, 1],
+                            [GV.RECALL, GV.AVERAGES["none"], GV.LABEL_ROWS, 0, 2, 30, 0, -1, 10]], dtype=torch.int64)
+    vals, out, _ = GV.host_compute(sum_buf, empty, empty, program, beta2, 12, 1, [[3, 3], [2]], idx[:0], matrix[:, :0])
+    want = torch.empty(12, dtype=torch.float64)
+    GV.group_values(sum_buf, empty, empty, program, beta2, want)
+    assert [tuple(v.shape) for v in vals] == [(), (3, 3), (2,)]
+    for v, w in zip(vals, (want[0], want[1:10].view(3, 3), want[10:])):
+        assert v.data_ptr() == out.data_ptr() + (w.data_ptr() - want.data_ptr())
+        torch.testing.assert_close(v, w, rtol=0, atol=0, equal_nan=True)
+    torch.testing.assert_close(vals[1], sum_buf[10:19].view(3, 3), rtol=0, atol=0)
+    for shapes in ([[3, 3], [3]], [[-1], [2]]):  # more elements than out has; a negative size
+        with pytest.raises(RuntimeError, match="group_compute: "):
+            GV.host_compute(sum_buf, empty, empty, program, beta2, 12, 1, shapes, idx[:0], matrix[:, :0])

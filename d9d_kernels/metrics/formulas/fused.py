@@ -41,6 +41,7 @@ from d9d_kernels.core.statistic import MAX, REPLICA, SUM
 from d9d_kernels.metrics.aggregation import MaxMetric, MinMetric, SumMetric, WeightedMeanMetric
 from d9d_kernels.metrics.classification import (
     Accuracy,
+    ConfusionMatrix,
     FBetaScore,
     JaccardIndex,
     Precision,
@@ -149,24 +150,33 @@ _NATIVE_CLASSES = ((Accuracy, GV.ACCURACY), (Precision, GV.PRECISION), (Recall, 
                    (FBetaScore, GV.FBETA), (Specificity, GV.SPECIFICITY), (JaccardIndex, GV.JACCARD))
 
 
-def _native_row(m, layout) -> tuple[list[int], float, int] | None:
-    """``(program row with out = 0, beta², output size)`` of ``m`` for the
+def _nonfinite(m, layout, j: int) -> int:
+    """The program's kNonfinite column: the flat index of the count of NaN/Inf
+    predictions under nan_strategy="propagate", else -1."""
+    return _at(layout, j, "bad")[1] + 1 if m.nan_strategy == "propagate" else -1
+
+
+def _native_row(m, layout) -> tuple[list[int], float, tuple[int, ...]] | None:
+    """``(program row with out = 0, beta², value shape)`` of ``m`` for the
     group_values op (csrc/kernels/group_values.h), or None where it has no formula for it."""
     t = type(m)
     if t in _MOMENTS:
         f = _moments_fields(m, layout)  # w and Σx at f[SUM][0], the pivot at f[REPLICA][0]
         code = GV.MEAN if t is WeightedMeanMetric else GV.SUM
-        return [code, 0, 0, 0, 1, f[SUM][0], f[REPLICA][0], -1, 0], 0.0, 1
+        return [code, 0, 0, 0, 1, f[SUM][0], f[REPLICA][0], -1, 0], 0.0, ()
     if t in _EXTREMA:
         code = GV.MAX if t is MaxMetric else GV.MIN
-        return [code, 0, 0, 0, 1, _extrema_fields(m, layout)[MAX][0], 0, -1, 0], 0.0, 1
+        return [code, 0, 0, 0, 1, _extrema_fields(m, layout)[MAX][0], 0, -1, 0], 0.0, ()
+    if t is ConfusionMatrix and m.task == "multiclass" and m.normalize is None:
+        j, C = m._stat_map["stats"], m.num_classes
+        return [GV.CONFMAT, 0, 0, 0, C, _at(layout, j, "confmat")[1], 0, _nonfinite(m, layout, j), 0], 0.0, (C, C)
     if not _plain_classification(m):
         return None
     code = next((c for cls, c in _NATIVE_CLASSES if isinstance(m, cls) and t._formula is cls._formula), None)
     if code is None:
         return None
     j = m._stat_map["stats"]
-    nf = _at(layout, j, "bad")[1] + 1 if m.nan_strategy == "propagate" else -1  # NaN/Inf predictions
+    nf = _nonfinite(m, layout, j)
     beta2 = float(m.beta) ** 2 if code == GV.FBETA else 0.0
     if m.task == "multiclass":
         merged = layout.stats[j]
@@ -179,7 +189,7 @@ def _native_row(m, layout) -> tuple[list[int], float, int] | None:
         C = m.num_labels if m.task == "multilabel" else 1
         avg = GV.AVERAGES[m.average] if m.task == "multilabel" else GV.AVERAGES["micro"]
         prog = [code, avg, GV.LABEL_ROWS, 0, C, _at(layout, j, "state")[1], 0, nf, 0]
-    return prog, beta2, C if avg == GV.AVERAGES["none"] else 1
+    return prog, beta2, (C,) if avg == GV.AVERAGES["none"] else ()
 
 
 def _bad_fields(m, layout) -> tuple[list[int], tuple[float, ...], tuple[str, ...]]:
@@ -205,16 +215,16 @@ class FusedPlan:
             for name, m in members.items():
                 r = _native_row(m, layout)
                 if r is not None:
-                    rows.append((r[0][1] == GV.AVERAGES["none"], name, r))
+                    rows.append((r[2] != (), name, r))
             rows.sort(key=lambda t: t[0])  # stable: member order within scalars and vectors
-        # scalar outputs first, then vectors (one unbind, one split)
+        # scalar outputs first, then vectors
         self.native: list[str] = [name for _, name, _ in rows]
-        self.native_shapes = [(r[2],) if vec else () for vec, _, r in rows]
+        self.native_shapes = [r[2] for _, _, r in rows]
         self.n_scalar = sum(1 for vec, _, _ in rows if not vec)
         program, pos = [], 0
-        for _, _, (prog, _, size) in rows:
+        for _, _, (prog, _, shape) in rows:
             program.append(prog[:-1] + [pos])
-            pos += size
+            pos += math.prod(shape)
         self.program, self.beta2, self.out_size = program, [r[1] for _, _, r in rows], pos
         fams: dict = {}
         self.single: list[str] = []
@@ -311,25 +321,23 @@ def _native_out(plan: FusedPlan, bufs) -> torch.Tensor:
     return out
 
 
-def _named(plan: FusedPlan, scalars, out: torch.Tensor) -> dict:
-    """``{name: value}`` of the ``native`` members: ``scalars`` (of
-    ``out[:n_scalar]``), then the vector members split from the rest of ``out``."""
-    k = plan.n_scalar
-    if k == len(plan.native):
-        return dict(zip(plan.native, scalars))
-    return dict(zip(plan.native, [*scalars, *out[k:].split([s[0] for s in plan.native_shapes[k:]])]))
-
-
 def _native(plan: FusedPlan, bufs) -> dict:
-    """``{name: value}`` of the plan's ``native`` members."""
+    """``{name: value}`` of the plan's ``native`` members: the scalars, then
+    the vector members split from the rest of the packed output."""
     out = _native_out(plan, bufs)
     k = plan.n_scalar
-    return _named(plan, GV.scalars(out if k == out.numel() else out[:k]), out)
+    scalars = GV.scalars(out if k == out.numel() else out[:k])
+    if k == len(plan.native):
+        return dict(zip(plan.native, scalars))
+    shapes = plan.native_shapes[k:]
+    vectors = [v.view(s) for v, s in zip(out[k:].split([math.prod(s) for s in shapes]), shapes)]
+    return dict(zip(plan.native, [*scalars, *vectors]))
 
 
 def _host_args(plan: FusedPlan) -> tuple:
     """``GV.host_compute``'s arguments after the buffers: program, beta²,
-    sizes, the bad index and matrix (empty when no member raises); made once."""
+    sizes, the vector members' shapes, the bad index and matrix (empty when
+    no member raises); made once."""
     args = plan._device_idx.get("host")
     if args is None:
         cpu = torch.device("cpu")
@@ -338,7 +346,8 @@ def _host_args(plan: FusedPlan) -> tuple:
             bad = (plan.bad_index(cpu), _bad_matrix(plan, cpu, causes=False))
         else:
             bad = (torch.empty(0, dtype=torch.int64), torch.empty(0, 0, dtype=torch.float64))
-        args = plan._device_idx["host"] = (prog, beta2, plan.out_size, plan.n_scalar, *bad)
+        shapes = [list(s) for s in plan.native_shapes[plan.n_scalar:]]
+        args = plan._device_idx["host"] = (prog, beta2, plan.out_size, plan.n_scalar, shapes, *bad)
     return args
 
 
@@ -346,8 +355,8 @@ def _host_native(plan: FusedPlan, bufs) -> tuple[dict, list | None]:
     """CPU buffers: ``({name: value}`` of the ``native`` members, the raising
     bad counts of the checked family members or None), one C++ call."""
     empty = _EMPTY
-    vals, out, counts = GV.host_compute(bufs[SUM], bufs.get(MAX, empty), bufs.get(REPLICA, empty), *_host_args(plan))
-    return _named(plan, vals, out), (counts if plan.checked_fused else None)
+    vals, _, counts = GV.host_compute(bufs[SUM], bufs.get(MAX, empty), bufs.get(REPLICA, empty), *_host_args(plan))
+    return dict(zip(plan.native, vals)), (counts if plan.checked_fused else None)
 
 
 _EMPTY = torch.empty(0, dtype=torch.float64)
