@@ -84,7 +84,7 @@ class MetricGroup(_GroupBase):
         d["_device"] = resolve_device(device)
         d["_label"] = "MetricGroup"
         d["_sig_cache"] = {}
-        d["_forward_cache"] = {}  # input names -> (members valued from the scratch, any member on the state)
+        d["_forward_cache"] = {}  # input names -> forward's routing (see forward)
         d["_sigs"] = {name: update_signature(m) for name, m in metrics.items()}
         d["prefix"] = prefix
         d["postfix"] = postfix
@@ -209,14 +209,17 @@ class MetricGroup(_GroupBase):
             inputs = self._name_positional(args, inputs)
         st = self._storage
         key = frozenset(inputs)
-        targets = self._targets(key)
         hit = self._forward_cache.get(key)
-        if hit is None:  # members whose value comes from the scratch, and whether any reads the state
-            hit = self._forward_cache[key] = ([m.__dict__["_name"] for m in targets if not m._forward_on_state],
-                                              any(m._forward_on_state for m in targets))
-        names, any_on_state = hit
+        if hit is None:  # (members valued from the scratch, any member on the state, [(key, name, on state)])
+            targets = self._targets(key)
+            hit = self._forward_cache[key] = (
+                [m.__dict__["_name"] for m in targets if not m._forward_on_state],
+                any(m._forward_on_state for m in targets),
+                [(self._keys[m.__dict__["_name"]], m.__dict__["_name"], m._forward_on_state) for m in targets])
+        names, any_on_state, out_keys = hit
         if any_on_state:
             # every member's checks first; their updates run on the state after the scratch fold
+            targets = self._targets(key)
             collected = self._collect(inputs, targets)
             scratch = self._items([(m, p) for m, p in collected if not m._forward_on_state])
             on_state = self._items([(m, p) for m, p in collected if m._forward_on_state])
@@ -233,17 +236,13 @@ class MetricGroup(_GroupBase):
             views = st.forward_end(fold=ok)
         if on_state:
             st.run(on_state)
-        keys = self._keys
         if "batch" in FUSED:  # no value aliases the scratch
             vals = FUSED["batch"](self, names, views)
         else:
             vals = {n: detach_from(self._members[n]._compute_unchecked(self._members[n]._states(views)), st)
                     for n in names}
-        out = {}
-        for m in targets:
-            name = m.__dict__["_name"]
-            out[keys[name]] = m._batch_value() if m._forward_on_state else vals[name]
-        return out
+        members = self._members
+        return {k: members[n]._batch_value() if on else vals[n] for k, n, on in out_keys}
 
     def compute(self) -> dict[str, torch.Tensor]:
         """``{key: tensor}`` (synced after ``wait_sync``, else local); keys

@@ -490,8 +490,8 @@ class Metric(metaclass=_MetricMeta):
             ok = True
         finally:
             views = st.forward_end(fold=ok)
-        v = self._fused_value(st.scratch)  # before building state views, which it does not need
-        return detach_from(self._compute_unchecked(self._states(views)) if v is None else v, st)
+        v = self._fused_value(st.scratch)  # a new tensor; computed before the state views, which it does not need
+        return detach_from(self._compute_unchecked(self._states(views)), st) if v is None else v
 
     def _batch_value(self) -> torch.Tensor:
         """The last update's own value, read from the state (``_forward_on_state`` metrics)."""
