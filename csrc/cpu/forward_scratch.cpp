@@ -10,6 +10,7 @@
 // The same arithmetic as the torch ops storage.py falls back to, element by
 // element, so the state is bit-identical either way. Host code: it lives with
 // the CPU sources because the host compiler builds it.
+#include <ATen/Parallel.h>
 #include <torch/extension.h>
 
 #include <cstring>
@@ -26,11 +27,40 @@ enum Kind : int64_t { kSum = 0, kMax = 1, kReplica = 2 };  // core.statistic.KIN
 
 using Range = std::tuple<int64_t, at::Tensor, at::Tensor, std::optional<at::Tensor>>;
 
+constexpr int64_t kGrain = 1 << 16;  // elements per task: a small group's ranges stay on the calling thread
+
 double* plain(const at::Tensor& t, int64_t n, const char* what) {
   TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == at::kDouble && t.is_contiguous() && t.numel() == n,
               "d9d_kernels._C.scratch_ranges: argument 'ranges' holds a ", what,
               " that is not a contiguous float64 CPU tensor of ", n, " elements");
   return t.data_ptr<double>();
+}
+
+// One range, elements [b, e).
+void one_range(int64_t kind, double* s, double* x, const double* i0, bool fold, int64_t b, int64_t e) {
+  const size_t bytes = sizeof(double) * static_cast<size_t>(e - b);
+  if (!fold) {
+    if (kind == kReplica) {
+      std::memcpy(x + b, s + b, bytes);
+    } else if (i0 != nullptr) {
+      std::memcpy(x + b, i0 + b, bytes);
+    } else {
+      std::memset(x + b, 0, bytes);  // +0.0 is all-zero bits
+    }
+  } else if (kind == kSum) {
+    if (i0 != nullptr) {
+      for (int64_t k = b; k < e; ++k) s[k] += x[k] - i0[k];
+    } else {
+      for (int64_t k = b; k < e; ++k) s[k] += x[k];
+    }
+  } else if (kind == kMax) {
+    for (int64_t k = b; k < e; ++k) {
+      const double u = s[k], v = x[k];
+      s[k] = u != u ? u : v != v ? v : u < v ? v : u;
+    }
+  } else {
+    std::memcpy(s + b, x + b, bytes);
+  }
 }
 
 void scratch_ranges(const std::vector<Range>& ranges, bool fold) {
@@ -41,28 +71,8 @@ void scratch_ranges(const std::vector<Range>& ranges, bool fold) {
     double* s = plain(state, n, "state");
     double* x = plain(scratch, n, "scratch");
     const double* i0 = init.has_value() ? plain(*init, n, "reset value") : nullptr;
-    if (!fold) {
-      if (kind == kReplica) {
-        std::memcpy(x, s, sizeof(double) * n);
-      } else if (i0 != nullptr) {
-        std::memcpy(x, i0, sizeof(double) * n);
-      } else {
-        std::memset(x, 0, sizeof(double) * n);  // +0.0 is all-zero bits
-      }
-    } else if (kind == kSum) {
-      if (i0 != nullptr) {
-        for (int64_t k = 0; k < n; ++k) s[k] += x[k] - i0[k];
-      } else {
-        for (int64_t k = 0; k < n; ++k) s[k] += x[k];
-      }
-    } else if (kind == kMax) {
-      for (int64_t k = 0; k < n; ++k) {
-        const double a = s[k], b = x[k];
-        s[k] = a != a ? a : b != b ? b : a < b ? b : a;
-      }
-    } else {
-      std::memcpy(s, x, sizeof(double) * n);
-    }
+    // a large confusion matrix's range is memory-bound: every core's bandwidth, as the torch ops had
+    at::parallel_for(0, n, kGrain, [&](int64_t b, int64_t e) { one_range(kind, s, x, i0, fold, b, e); });
   }
 }
 

@@ -1,5 +1,6 @@
 // group_values on CPU: the program's rows one after another, each class sum
 // in order (csrc/kernels/group_values.h has the formulas).
+#include <ATen/Parallel.h>
 #include <torch/library.h>
 
 #include "../kernels/checks.h"
@@ -7,6 +8,9 @@
 #include "../kernels/group_values_checks.h"
 
 namespace d9d {
+namespace {
+constexpr int64_t kGrain = 1 << 16;  // confusion-matrix elements per task
+}
 
 // Also called directly by the host compute of a group (csrc/cpu/group_compute.cpp).
 void group_values_cpu(const at::Tensor& sum, const at::Tensor& max, const at::Tensor& replica,
@@ -25,7 +29,10 @@ void group_values_cpu(const at::Tensor& sum, const at::Tensor& max, const at::Te
     } else if (r[kFormula] < kAccuracy) {
       o[r[kOut]] = scalar_value(r, b);
     } else if (r[kFormula] == kConfmat) {
-      for (int64_t e = 0; e < out_len(r); ++e) o[r[kOut] + e] = confmat_value(r, b.sum, e);
+      // a [1000, 1000] matrix is 8 MB to copy: every core's bandwidth
+      at::parallel_for(0, out_len(r), kGrain, [&](int64_t lo, int64_t hi) {
+        for (int64_t e = lo; e < hi; ++e) o[r[kOut] + e] = confmat_value(r, b.sum, e);
+      });
     } else {
       Partial p;
       for (int64_t c = 0; c < r[kClasses]; ++c) add_class(r, beta2[i], b.sum, c, p, o);

@@ -292,8 +292,7 @@ def test_scratch_ranges_equal_the_torch_ops():
         pick = torch.rand(n, generator=gen) < 0.4
         return torch.where(pick, special[torch.randint(0, 6, (n,), generator=gen)], x)
 
-    for kind, with_init in itertools.product((0, 1, 2), (False, True)):
-        n = 37
+    for kind, with_init, n in itertools.product((0, 1, 2), (False, True), (37, 200_003)):  # one task; several
         state, scratch, init = values(n), values(n), values(n) if with_init else None
         for fold in (False, True):
             s_got, x_got = state.clone(), scratch.clone()
@@ -312,7 +311,7 @@ def test_scratch_ranges_equal_the_torch_ops():
                 torch.maximum(s_want, x_want, out=s_want)
             else:
                 s_want.copy_(x_want)
-            assert _equal_nan(s_got, s_want) and _equal_nan(x_got, x_want), (kind, with_init, fold)
+            assert _equal_nan(s_got, s_want) and _equal_nan(x_got, x_want), (kind, with_init, n, fold)
     ok = torch.zeros(4, dtype=torch.float64)
     for bad, what in (((3, ok, ok.clone(), None), "kind 3"), ((0, ok, torch.zeros(4), None), "scratch"),
                       ((0, ok, ok.clone(), torch.zeros(3, dtype=torch.float64)), "reset value"),

@@ -211,6 +211,17 @@ def test_opcheck():
     torch.library.opcheck(torch.ops.d9d_kernels.group_values, args)
 
 
+def test_large_confusion_matrix_rows_split_across_threads():
+    """A [300, 300] matrix (several parallel tasks on CPU) is copied whole,
+    and a propagating NaN count turns all of it NaN."""
+    C = 300
+    sum_buf = torch.cat([torch.arange(C * C, dtype=torch.float64), torch.tensor([0.0, 2.0], dtype=torch.float64)])
+    empty = torch.zeros(0, dtype=torch.float64)
+    rows = [[GV.CONFMAT, 0, 0, 0, C, 0, 0, C * C, 0], [GV.CONFMAT, 0, 0, 0, C, 0, 0, C * C + 1, 0]]
+    (kept, nan), _, _ = _run(sum_buf, empty, empty, rows, [0.0, 0.0])
+    assert torch.equal(kept, sum_buf[: C * C]) and bool(nan.isnan().all())
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("seed", range(3))
 def test_cuda_equals_cpu(seed):
