@@ -25,6 +25,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 DOC = ROOT / "docs" / "performance.md"
+#: the most step time (%, paired estimate) d9d_kernels metrics may add to a training step
+TRAINING_TARGET_PCT = 1.0
 
 LABEL = {
     "d9d": "d9d_kernels",
@@ -184,7 +186,8 @@ def plot_training(rows, out: Path):
         lo = [100 * (r["_p20"] / base["_p50"] - 1) for r in rs]
         hi = [100 * (r["_p80"] / base["_p50"] - 1) for r in rs]
         ax.bar(range(len(rs)), ov, yerr=[[o - l for o, l in zip(ov, lo)], [h - o for o, h in zip(ov, hi)]], capsize=4)
-        ax.axhline(2.0, color="red", ls="--", lw=1, label="target for d9d_kernels: 2 %")
+        ax.axhline(TRAINING_TARGET_PCT, color="red", ls="--", lw=1,
+                   label=f"target for d9d_kernels: {TRAINING_TARGET_PCT:g} %")
         ax.set_xticks(range(len(rs)), names, rotation=20, ha="right", fontsize=8)
         ax.set(ylabel="step-time overhead vs no metrics (%, median)", title=f"training step, {sh}")
         ax.grid(True, axis="y", alpha=0.3)
@@ -539,8 +542,9 @@ def training_section(rows, targets: list) -> list[str]:
             meas += f"; {cpct:.2f} % (metric code)" if c else ""
             if r["provider"] == "d9d":
                 # the target is on step time: the paired estimate when there is one
-                ok = (pov if pr else ov) <= 2.0
-                targets.append(("training", f"d9d_kernels step-time overhead, {sh}", "≤ 2 %", meas, ok))
+                ok = (pov if pr else ov) <= TRAINING_TARGET_PCT
+                targets.append(("training", f"d9d_kernels step-time overhead, {sh}", f"≤ {TRAINING_TARGET_PCT:g} %",
+                                meas, ok))
             elif r["provider"] in ("torchmetrics", "torchmetrics_fast"):
                 targets.append(("training", f"{LABEL[r['provider']]} step-time overhead, {sh} (reported)", "–", meas, None))
     lines.append("")
