@@ -14,9 +14,8 @@
 #include <torch/extension.h>
 
 #include <cstring>
-#include <optional>
-#include <tuple>
-#include <vector>
+
+#include "host_calls.h"
 
 namespace py = pybind11;
 
@@ -24,8 +23,6 @@ namespace d9d {
 namespace {
 
 enum Kind : int64_t { kSum = 0, kMax = 1, kReplica = 2 };  // core.statistic.KINDS, in order
-
-using Range = std::tuple<int64_t, at::Tensor, at::Tensor, std::optional<at::Tensor>>;
 
 constexpr int64_t kGrain = 1 << 16;  // elements per task: a small group's ranges stay on the calling thread
 
@@ -63,7 +60,9 @@ void one_range(int64_t kind, double* s, double* x, const double* i0, bool fold, 
   }
 }
 
-void scratch_ranges(const std::vector<Range>& ranges, bool fold) {
+}  // namespace
+
+void scratch_ranges(const std::vector<ScratchRange>& ranges, bool fold) {
   for (const auto& [kind, state, scratch, init] : ranges) {
     TORCH_CHECK(kind == kSum || kind == kMax || kind == kReplica,
                 "d9d_kernels._C.scratch_ranges: argument 'ranges' holds kind ", kind, "; expected 0, 1 or 2");
@@ -75,8 +74,6 @@ void scratch_ranges(const std::vector<Range>& ranges, bool fold) {
     at::parallel_for(0, n, kGrain, [&](int64_t b, int64_t e) { one_range(kind, s, x, i0, fold, b, e); });
   }
 }
-
-}  // namespace
 
 // Adds scratch_ranges to the module; without it (an error here) forward
 // dispatches the torch ops per range.

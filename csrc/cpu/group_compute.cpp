@@ -18,11 +18,16 @@
 #include <torch/extension.h>
 
 #include <tuple>
+#include <utility>
 #include <vector>
+
+#include "host_calls.h"
 
 namespace py = pybind11;
 
 namespace d9d {
+
+constexpr const char* kGroupCompute = "d9d_kernels._C.group_compute";
 
 void group_values_cpu(const at::Tensor& sum, const at::Tensor& max, const at::Tensor& replica,
                       const at::Tensor& program, const at::Tensor& beta, const at::Tensor& out);  // group_values.cpp
@@ -81,10 +86,7 @@ std::tuple<std::vector<at::Tensor>, at::Tensor, std::vector<double>> group_compu
     const at::Tensor& sum, const at::Tensor& max, const at::Tensor& replica, const at::Tensor& program,
     const at::Tensor& beta, int64_t out_size, int64_t n_scalar, const std::vector<std::vector<int64_t>>& shapes,
     const at::Tensor& bad_index, const at::Tensor& bad_matrix) {
-  constexpr const char* op = "d9d_kernels._C.group_compute";
-  TORCH_CHECK(sum.device().is_cpu(), op, ": argument 'sum' must be on the CPU, got ", sum.device());
-  TORCH_CHECK(0 <= n_scalar && n_scalar <= out_size, op, ": argument 'n_scalar' must lie in [0, out_size = ",
-              out_size, "], got ", n_scalar);
+  constexpr const char* op = kGroupCompute;
   TORCH_CHECK(bad_index.device().is_cpu() && bad_index.scalar_type() == at::kLong && bad_index.dim() == 1 &&
                   bad_index.is_contiguous(),
               op, ": argument 'bad_index' must be a contiguous 1-D int64 CPU tensor");
@@ -98,19 +100,31 @@ std::tuple<std::vector<at::Tensor>, at::Tensor, std::vector<double>> group_compu
     TORCH_CHECK(0 <= idx[j] && idx[j] < sum.numel(), op, ": argument 'bad_index' holds ", idx[j],
                 ", outside the SUM buffer of ", sum.numel());
   }
-  at::Tensor out = at::detail::empty_cpu({out_size}, at::kDouble, std::nullopt, std::nullopt, std::nullopt,
-                                         std::nullopt);
-  group_values_cpu(sum, max, replica, program, beta, out);
+  auto [values, out] = host_values(sum, max, replica, program, beta, out_size, n_scalar, shapes);
   const double* s = sum.data_ptr<double>();
   const double* m = bad_matrix.data_ptr<double>();
   std::vector<double> counts(static_cast<size_t>(bad_matrix.size(0)), 0.0);
   for (size_t r = 0; r < counts.size(); ++r) {
     for (int64_t j = 0; j < B; ++j) counts[r] += m[static_cast<int64_t>(r) * B + j] * s[idx[j]];
   }
-  return {value_views(op, out, n_scalar, shapes), out, counts};
+  return {std::move(values), std::move(out), std::move(counts)};
 }
 
 }  // namespace
+
+std::pair<std::vector<at::Tensor>, at::Tensor> host_values(const at::Tensor& sum, const at::Tensor& max,
+                                                           const at::Tensor& replica, const at::Tensor& program,
+                                                           const at::Tensor& beta, int64_t out_size, int64_t n_scalar,
+                                                           const std::vector<std::vector<int64_t>>& shapes) {
+  constexpr const char* op = kGroupCompute;
+  TORCH_CHECK(sum.device().is_cpu(), op, ": argument 'sum' must be on the CPU, got ", sum.device());
+  TORCH_CHECK(0 <= n_scalar && n_scalar <= out_size, op, ": argument 'n_scalar' must lie in [0, out_size = ",
+              out_size, "], got ", n_scalar);
+  at::Tensor out = at::detail::empty_cpu({out_size}, at::kDouble, std::nullopt, std::nullopt, std::nullopt,
+                                         std::nullopt);
+  group_values_cpu(sum, max, replica, program, beta, out);
+  return {value_views(op, out, n_scalar, shapes), out};
+}
 
 // Adds scalar_views and group_compute to the module; without them (an error
 // here) compute() takes the dispatched ops.

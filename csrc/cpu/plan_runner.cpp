@@ -12,6 +12,13 @@
 // touches nothing) when none matches: the caller then takes the Python plan
 // path. Device-agnostic host code: it lives with the CPU sources because it
 // is compiled by the host compiler.
+//
+// forward(args, kwargs, reset) is a forward's whole step on CPU buffers for a
+// runner bound to the storage's scratch copy (set_forward gives it, per
+// signature, the ranges its ops write and the group_values arguments of its
+// owner): the scratch ranges of the last forward reset, the ops, the ranges
+// folded into the state, and the batch values. It returns (signature, values)
+// or None, touching nothing, when no signature matches.
 #include <torch/csrc/Dtype.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
@@ -20,9 +27,12 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 
 #include <cmath>
+#include <optional>
 #include <cstring>
 #include <string>
 #include <vector>
+
+#include "host_calls.h"
 
 namespace py = pybind11;
 
@@ -160,14 +170,57 @@ class PlanRunner {
 
   // The index of the signature that matched and whose ops ran; -1: nothing was touched.
   int64_t run(py::handle args, py::handle kwargs) {
-    PyObject* a = args.ptr();
-    PyObject* kw = kwargs.ptr();
+    PyObject* inputs[kMaxInputs];
+    const int64_t si = match(args.ptr(), kwargs.ptr(), inputs);
+    if (si >= 0) {
+      for (auto& step : sigs_[si].steps) call(step, inputs);
+    }
+    return si;
+  }
+
+  // What forward needs besides the inputs: per signature, the scratch ranges
+  // its ops write; the scratch buffers and the owner's group_values program.
+  void set_forward(std::vector<std::vector<ScratchRange>> folds, at::Tensor sum, at::Tensor max, at::Tensor replica,
+                   at::Tensor program, at::Tensor beta, int64_t out_size, int64_t n_scalar,
+                   std::vector<std::vector<int64_t>> shapes) {
+    TORCH_CHECK(folds.size() == sigs_.size(), "PlanRunner.set_forward: one list of ranges per signature");
+    fwd_ = Forward{std::move(folds), std::move(sum),   std::move(max),   std::move(replica), std::move(program),
+                   std::move(beta),  out_size,         n_scalar,         std::move(shapes)};
+  }
+
+  py::object forward(py::handle args, py::handle kwargs, const std::vector<ScratchRange>& reset) {
+    TORCH_CHECK(fwd_.has_value(), "PlanRunner.forward: set_forward was not called");
+    PyObject* inputs[kMaxInputs];
+    const int64_t si = match(args.ptr(), kwargs.ptr(), inputs);
+    if (si < 0) return py::none();
+    const Forward& f = *fwd_;
+    scratch_ranges(reset, false);
+    for (auto& step : sigs_[si].steps) call(step, inputs);
+    scratch_ranges(f.folds[si], true);
+    auto values = host_values(f.sum, f.max, f.replica, f.program, f.beta, f.out_size, f.n_scalar, f.shapes).first;
+    return py::make_tuple(si, py::cast(values));
+  }
+
+  size_t size() const { return sigs_.size(); }
+
+ private:
+  static constexpr size_t kMaxInputs = 16;
+  struct Forward {
+    std::vector<std::vector<ScratchRange>> folds;
+    at::Tensor sum, max, replica, program, beta;
+    int64_t out_size, n_scalar;
+    std::vector<std::vector<int64_t>> shapes;
+  };
+  std::vector<Signature> sigs_;
+  std::optional<Forward> fwd_;
+
+  // The first signature the inputs match (inputs[i] set to input i), or -1.
+  int64_t match(PyObject* a, PyObject* kw, PyObject** inputs) const {
     const Py_ssize_t na = PyTuple_GET_SIZE(a);
     const Py_ssize_t nk = kw == Py_None ? 0 : PyDict_GET_SIZE(kw);
     for (size_t si = 0; si < sigs_.size(); ++si) {
-      auto& sig = sigs_[si];
+      const auto& sig = sigs_[si];
       if (static_cast<size_t>(na) != sig.nargs || static_cast<size_t>(nk) != sig.kwnames.size()) continue;
-      PyObject* inputs[kMaxInputs];
       const size_t n = sig.checks.size();
       if (n > kMaxInputs) continue;
       bool ok = true;
@@ -176,18 +229,10 @@ class PlanRunner {
         ok = v != nullptr && matches(v, sig.checks[i]);
         inputs[i] = v;
       }
-      if (!ok) continue;
-      for (auto& step : sig.steps) call(step, inputs);
-      return static_cast<int64_t>(si);
+      if (ok) return static_cast<int64_t>(si);
     }
     return -1;
   }
-
-  size_t size() const { return sigs_.size(); }
-
- private:
-  static constexpr size_t kMaxInputs = 16;
-  std::vector<Signature> sigs_;
 
   static void call(Step& step, PyObject* const* inputs) {
     torch::jit::Stack stack(step.stack);
@@ -240,6 +285,8 @@ void add_plan_runner(PyObject* module) {
         .def(py::init<>())
         .def("add", &PlanRunner::add)
         .def("run", &PlanRunner::run)
+        .def("set_forward", &PlanRunner::set_forward)
+        .def("forward", &PlanRunner::forward)
         .def("__len__", &PlanRunner::size);
   } catch (const std::exception&) {
     PyErr_Clear();

@@ -17,6 +17,13 @@ it returns -1 and the Python plan path runs. Both paths make the same op
 calls on the same tensors, so their states are bit-identical
 (tests/core/test_compiled.py).
 
+On CPU a whole ``forward`` is one call too where the owner's values all
+come from the group_values program (``fused.fused_forward``):
+``set_forward`` gives a scratch runner, per signature, the ranges its ops
+write and the owner's group_values arguments, and ``PlanRunner.forward``
+resets the last forward's ranges, runs the ops, folds and returns the
+batch values.
+
 A statistic opts in with ``compile_step(sample, state) -> OpStep | None``
 (None: keep the Python plan), the lowered form of its ``bind``.
 ``D9D_KERNELS_COMPILED=0`` (read when a signature is planned) keeps every
@@ -31,7 +38,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["OpStep", "Runner", "attach", "on_scratch", "enabled", "runner_class"]
+__all__ = ["OpStep", "Runner", "attach", "on_scratch", "set_forward", "enabled", "runner_class"]
 
 #: how an op argument is made from an input (values of csrc/cpu/plan_runner.cpp's Source)
 SOURCES = {"as_is": 0, "flat": 1, "fill1": 2, "fill_like": 3}
@@ -118,11 +125,13 @@ class Runner:
     arguments and the statistics the plan updates (``PlanRunner.run``
     returns the index of the signature it ran)."""
 
-    __slots__ = ("views", "runner", "adds", "stats", "scratch")
+    __slots__ = ("views", "runner", "adds", "stats", "scratch", "forward", "folds")
 
     def __init__(self, views: list):
         self.views, self.runner, self.adds, self.stats = views, runner_class()(), [], []
         self.scratch = None  # (signatures, scratch views, Runner or None): on_scratch's cache
+        self.forward = None  # the owner plan a scratch runner's PlanRunner.forward was set up with (set_forward)
+        self.folds = []  # with it: per signature, the storage's FoldRanges of the statistics it writes
 
     def add(self, spec: tuple, stats) -> None:
         self.runner.add(*spec)
@@ -150,6 +159,17 @@ def on_scratch(storage, entry: Runner) -> Runner | None:
         out.add((nargs, kwnames, checks, moved), stats)
     entry.scratch = (key[0], key[1], out)
     return out
+
+
+def set_forward(storage, s: Runner, plan, values_args: tuple) -> None:
+    """Sets up the scratch runner ``s`` (``on_scratch``) for
+    ``PlanRunner.forward`` (a forward's reset, update, fold and batch values
+    in one call): per signature the storage's ranges of the statistics it
+    writes, and the owner's fused-compute ``plan`` with its group_values
+    arguments on the scratch buffers (``values_args``)."""
+    s.folds = [storage._fold_ranges(frozenset(stats)) for stats in s.stats]
+    s.runner.set_forward([f.fold for f in s.folds], *values_args)
+    s.forward = plan
 
 
 def _moved(steps: list, swap: dict) -> list | None:

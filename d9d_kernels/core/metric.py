@@ -65,8 +65,11 @@ _CUSTOM = "_custom"
 #: ``values(group)`` and ``to_host(group, keys)`` (a group's compute),
 #: ``batch(group, names, scratch views)`` (forward's batch values) and
 #: ``member(metric, buffers)`` (one metric's value, None where it has no
-#: fused formula). Without them every metric computes on its own.
+#: fused formula) and ``forward(owner, args, kwargs, names)`` (a forward in
+#: one call: the values, or None where the Python steps run). Without them
+#: every metric computes on its own.
 FUSED: dict[str, Callable] = {}
+_SELF = ("",)  # a single metric's name in its fused plan
 
 
 def register_fused_compute(**hooks: Callable) -> None:
@@ -482,6 +485,10 @@ class Metric(metaclass=_MetricMeta):
         if self._forward_on_state:
             self.update(*args, **kwargs)
             return self._batch_value()
+        if "forward" in FUSED:  # the whole step in one C++ call, where it can run
+            vals = FUSED["forward"](self, args, kwargs, _SELF)
+            if vals is not None:
+                return vals[""]
         st = self._storage
         st.forward_begin()
         ok = False

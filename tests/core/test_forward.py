@@ -320,6 +320,107 @@ def test_scratch_ranges_equal_the_torch_ops():
             _C.scratch_ranges([bad], True)
 
 
+@pytest.mark.parametrize("strategy", ["error", "propagate"])
+def test_forward_in_one_call_equals_the_python_steps(strategy, monkeypatch):
+    """PlanRunner.forward (reset, update, fold and batch values in one C++
+    call) against forward's Python steps: the same values and the same state
+    bits over forwards of a group and of its members mixed with updates, a
+    NaN batch, the confusion matrix, a new input signature (its first call
+    runs checked) and a member outside the group_values program (kappa: the
+    group's forward keeps the Python steps)."""
+    from d9d_kernels.core.metric import FUSED
+
+    kw = dict(task="multiclass", num_classes=C, nan_strategy=strategy)
+    ran = []  # (kappa, owner class) of each forward that took the one call
+    one_call = FUSED["forward"]
+
+    def counted(*a):
+        r = one_call(*a)
+        if r is not None:
+            ran.append((kappa, type(a[0]).__name__))
+        return r
+
+    def make(kappa):
+        ms = {"loss": dk.WeightedMeanMetric(), "acc": dk.Accuracy(**kw), "top2": dk.Accuracy(**kw, top_k=2),
+              "f1": dk.F1Score(**kw, average="macro"), "cm": dk.ConfusionMatrix(**kw), "mx": dk.MaxMetric()}
+        if kappa:
+            ms["kappa"] = dk.CohenKappa(**kw)
+        return dk.MetricGroup(ms)
+
+    for kappa in (False, True):
+        fast, slow = make(kappa), make(kappa)
+        gen = torch.Generator().manual_seed(int(kappa))
+        for step in range(8):
+            n = (17, 32, 9)[step % 3]
+            p = torch.randn(n, C, generator=gen, dtype=torch.float64 if step == 5 else torch.float32)
+            if step == 3:
+                p[2, 1] = float("nan")
+            t = torch.randint(0, C, (n,), generator=gen)
+            x = torch.randn(n, generator=gen)
+            w = 2.0 if step % 2 else torch.rand(n, generator=gen)
+            got, want = {}, {}
+            for g, out in ((fast, got), (slow, want)):
+                monkeypatch.setitem(FUSED, "forward", counted if g is fast else (lambda *a: None))
+                if step == 6:
+                    g.update(preds=p, target=t)
+                else:
+                    out.update(g(preds=p, target=t))
+                out["loss"] = g["loss"](x, weights=w)
+                out["mx"] = g["mx"](x)
+            assert got.keys() == want.keys()
+            for k in want:
+                assert _equal_nan(got[k], want[k]), (kappa, step, k)
+            for k in ("sum", "max", "replica"):
+                assert _equal_nan(fast._storage.local[k], slow._storage.local[k]), (kappa, step, k)
+        if strategy == "error":  # the NaN batch's count raises in both
+            with pytest.raises(ValueError) as a:
+                fast.compute()
+            with pytest.raises(ValueError) as b:
+                slow.compute()
+            assert str(a.value) == str(b.value)
+        else:
+            for k in ("acc", "cm", "loss", "mx"):
+                assert _equal_nan(fast.compute()[k], slow.compute()[k]), k
+    # after the first call of each input signature; never the group with kappa routed
+    assert ran.count((False, "MetricGroup")) >= 2 and ran.count((True, "MetricGroup")) == 0, ran
+    assert ran.count((True, "WeightedMeanMetric")) >= 2 and ran.count((True, "MaxMetric")) >= 2, ran
+
+
+def test_forward_in_one_call_that_raises_leaves_the_state_and_resets_every_range():
+    """An error inside PlanRunner.forward (after its scratch writes) leaves
+    the state as it was, and the next forward resets every scratch range."""
+    kw = dict(task="multiclass", num_classes=C)
+    make = lambda: dk.MetricGroup({"acc": dk.Accuracy(**kw), "cm": dk.ConfusionMatrix(**kw)})  # noqa: E731
+    g, twin = make(), make()
+    gen = torch.Generator().manual_seed(3)
+    batches = [(torch.randn(12, C, generator=gen), torch.randint(0, C, (12,), generator=gen)) for _ in range(3)]
+    for m in (g, twin):
+        m(preds=batches[0][0], target=batches[0][1])
+        m(preds=batches[0][0], target=batches[0][1])  # a known signature: the one-call path from here
+    st = g._storage
+    runner = st.compiled[id(g)].scratch[2]
+    real = runner.runner
+
+    class Raising:
+        def forward(self, args, kwargs, reset):
+            for b in st.scratch.values():
+                b.fill_(7.0)  # what a failing op may have written
+            raise RuntimeError("kernel failed")
+
+    before = {k: v.clone() for k, v in st.local.items()}
+    runner.runner = Raising()
+    with pytest.raises(RuntimeError, match="kernel failed"):
+        g(preds=batches[1][0], target=batches[1][1])
+    runner.runner = real
+    assert all(torch.equal(st.local[k], before[k]) for k in before)
+    covered = sum(r[2].numel() for r in st.scratch_dirty.ranges if r[0] == "sum")
+    assert covered == st.layout.sizes["sum"]  # every statistic's range, not only the signature's
+    got, want = g(preds=batches[2][0], target=batches[2][1]), twin(preds=batches[2][0], target=batches[2][1])
+    for k in want:
+        assert torch.equal(got[k], want[k]), k
+    assert all(torch.equal(st.local[k], twin._storage.local[k]) for k in before)
+
+
 def test_forward_interleaved_with_update_planned_and_no_new_allocation():
     kw = dict(task="multiclass", num_classes=C)
     make = lambda: dk.MetricGroup({"acc": dk.Accuracy(**kw), "f1": dk.F1Score(**kw, average="macro"),  # noqa: E731

@@ -35,6 +35,7 @@ import math
 
 import torch
 
+from d9d_kernels.core import compiled
 from d9d_kernels.core import metric as core_metric
 from d9d_kernels.core.device import constant
 from d9d_kernels.core.statistic import MAX, REPLICA, SUM
@@ -219,6 +220,7 @@ class FusedPlan:
             rows.sort(key=lambda t: t[0])  # stable: member order within scalars and vectors
         # scalar outputs first, then vectors
         self.native: list[str] = [name for _, name, _ in rows]
+        self.native_index = frozenset(self.native)
         self.native_shapes = [r[2] for _, _, r in rows]
         self.n_scalar = sum(1 for vec, _, _ in rows if not vec)
         program, pos = [], 0
@@ -520,6 +522,46 @@ def fused_batch_values(group, names: list[str], views) -> dict[str, torch.Tensor
     return vals
 
 
+def fused_forward(owner, args: tuple, kwargs: dict, names) -> dict | None:
+    """``owner``'s forward (a group, or a single metric named ``""``) as ONE
+    C++ call where it can run: CPU buffers, a compiled update for these
+    inputs, the previous forward's ranges known and every value in ``names``
+    from the group_values program. ``PlanRunner.forward`` resets the scratch
+    ranges of the last forward, runs the update's ops on the scratch, folds
+    the ranges they wrote into the state and returns the batch values: the
+    same ops and arithmetic as the Python steps of ``forward``. Returns
+    ``{name: value}`` of every ``native`` member, or None (nothing touched)
+    where the Python steps must run."""
+    st = owner._storage
+    dirty = st.scratch_dirty
+    if dirty is None or not dirty.native or st.saved_views is not None or torch.compiler.is_compiling():
+        return None
+    entry = st.compiled.get(id(owner))
+    if entry is None or entry.views is not st.local_views:
+        return None
+    plan = _plan(owner)
+    if not plan.host or not all(n in plan.native_index for n in names):
+        return None
+    s = compiled.on_scratch(st, entry)
+    if s is None:
+        return None
+    if s.forward is not plan:  # made for this scratch: its buffers are the values' inputs
+        sc = st.scratch
+        compiled.set_forward(st, s, plan, (sc[SUM], sc[MAX], sc[REPLICA], *_host_args(plan)[:5]))
+    try:
+        r = s.runner.forward(args, kwargs, dirty.reset)
+    except BaseException:
+        # the reset ran and some ops may have written: the next forward resets every range
+        st.scratch_dirty = st._fold_ranges(frozenset(range(len(st.layout.stats))))
+        raise
+    if r is None:
+        return None
+    i, vals = r
+    st.scratch_dirty = s.folds[i]
+    st.dirty = True
+    return dict(zip(plan.native, vals))
+
+
 def member_value(m, bufs) -> torch.Tensor | None:
     """A single metric's value from ``bufs`` (its storage's current or scratch
     buffers) by the group_values op, or None where the op has no formula for it."""
@@ -530,4 +572,4 @@ def member_value(m, bufs) -> torch.Tensor | None:
 
 
 core_metric.register_fused_compute(values=fused_values, to_host=fused_compute_to_host, batch=fused_batch_values,
-                                   member=member_value)
+                                   member=member_value, forward=fused_forward)
