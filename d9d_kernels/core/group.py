@@ -212,13 +212,13 @@ class MetricGroup(_GroupBase):
         hit = self._forward_cache.get(key)
         if hit is None:  # (members valued from the scratch, any member on the state, [(key, name, on state)])
             targets = self._targets(key)
+            names = [m.__dict__["_name"] for m in targets if not m._forward_on_state]
             hit = self._forward_cache[key] = (
-                [m.__dict__["_name"] for m in targets if not m._forward_on_state],
-                any(m._forward_on_state for m in targets),
+                names, frozenset(names), any(m._forward_on_state for m in targets),
                 [(self._keys[m.__dict__["_name"]], m.__dict__["_name"], m._forward_on_state) for m in targets])
-        names, any_on_state, out_keys = hit
+        names, name_set, any_on_state, out_keys = hit
         if not any_on_state and "forward" in FUSED:  # the whole step in one C++ call, where it can run
-            vals = FUSED["forward"](self, (), inputs, names)
+            vals = FUSED["forward"](self, (), inputs, name_set)
             if vals is not None:
                 return {k: vals[n] for k, n, _ in out_keys}
         if any_on_state:

@@ -69,7 +69,7 @@ _CUSTOM = "_custom"
 #: one call: the values, or None where the Python steps run). Without them
 #: every metric computes on its own.
 FUSED: dict[str, Callable] = {}
-_SELF = ("",)  # a single metric's name in its fused plan
+_SELF = frozenset({""})  # a single metric's name in its fused plan
 
 
 def register_fused_compute(**hooks: Callable) -> None:

@@ -522,7 +522,7 @@ def fused_batch_values(group, names: list[str], views) -> dict[str, torch.Tensor
     return vals
 
 
-def fused_forward(owner, args: tuple, kwargs: dict, names) -> dict | None:
+def fused_forward(owner, args: tuple, kwargs: dict, names: frozenset) -> dict | None:
     """``owner``'s forward (a group, or a single metric named ``""``) as ONE
     C++ call where it can run: CPU buffers, a compiled update for these
     inputs, the previous forward's ranges known and every value in ``names``
@@ -540,7 +540,7 @@ def fused_forward(owner, args: tuple, kwargs: dict, names) -> dict | None:
     if entry is None or entry.views is not st.local_views:
         return None
     plan = _plan(owner)
-    if not plan.host or not all(n in plan.native_index for n in names):
+    if not plan.host or not names <= plan.native_index:
         return None
     s = compiled.on_scratch(st, entry)
     if s is None:
