@@ -27,8 +27,8 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 
 #include <cmath>
-#include <optional>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 

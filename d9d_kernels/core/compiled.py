@@ -38,6 +38,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from d9d_kernels import _extension
+
 __all__ = ["OpStep", "Runner", "attach", "on_scratch", "set_forward", "enabled", "runner_class"]
 
 #: how an op argument is made from an input (values of csrc/cpu/plan_runner.cpp's Source)
@@ -65,11 +67,7 @@ class OpStep:
 
 def runner_class():
     """``_C.PlanRunner``, or None when the extension lacks it."""
-    try:
-        from d9d_kernels import _C
-    except ImportError:
-        return None
-    return getattr(_C, "PlanRunner", None)
+    return _extension.host_function("PlanRunner")
 
 
 def enabled() -> bool:

@@ -19,24 +19,15 @@ from typing import Any
 
 import torch
 
+from d9d_kernels import _extension
 from d9d_kernels.core.device import resolve_device
 from d9d_kernels.core.statistic import KINDS, MAX, REPLICA, SUM, Slot, Statistic
 
 __all__ = ["Layout", "Storage", "StateEntry", "numel", "check_fits", "format_bytes"]
 
 
-def _scratch_ranges():
-    from d9d_kernels import _extension
-
-    if _extension.CPP_ERROR is not None:
-        return None
-    from d9d_kernels import _C
-
-    return getattr(_C, "scratch_ranges", None)
-
-
 # csrc/cpu/forward_scratch.cpp: a forward's scratch reset and fold, one call each
-_SCRATCH_RANGES = _scratch_ranges()
+_SCRATCH_RANGES = _extension.host_function("scratch_ranges")
 _KIND_CODES = {SUM: 0, MAX: 1, REPLICA: 2}
 
 
@@ -50,13 +41,14 @@ class FoldRanges:
     __slots__ = ("ranges", "native", "reset", "fold")
 
     def __init__(self, ranges: tuple, replica: tuple | None, native: bool):
+        """``replica``: the whole REPLICA (state, scratch) buffers, or None when empty."""
         self.ranges = ranges
         self.native = native
         coded = [(_KIND_CODES[k], loc, scr, init) for k, loc, scr, init in ranges]
         self.fold = coded
         self.reset = [r for r in coded if r[0] != _KIND_CODES[REPLICA]]
         if replica is not None:
-            self.reset.append((_KIND_CODES[REPLICA], *replica[1:]))
+            self.reset.append((_KIND_CODES[REPLICA], *replica, None))
 
 
 def numel(shape) -> int:
@@ -408,7 +400,7 @@ class Storage:
                 if b > a:
                     init = None if zero else self.init[kind][a:b]
                     out.append((kind, self.local[kind][a:b], self.scratch[kind][a:b], init))
-        replica = (REPLICA, self.local[REPLICA], self.scratch[REPLICA], None) if self.layout.sizes[REPLICA] else None
+        replica = (self.local[REPLICA], self.scratch[REPLICA]) if self.layout.sizes[REPLICA] else None
         return FoldRanges(tuple(out), replica, native=_SCRATCH_RANGES is not None and self.device.type == "cpu")
 
     # -- merge: another storage's state added into this one ------------------------

@@ -26,16 +26,9 @@ _DEVICES = {key.lower(): _extension.CPP_ERROR is None and _extension._has_kernel
             for key in ("CPU", "CUDA")}
 
 
-def _host_functions():
-    if _extension.CPP_ERROR is not None:
-        return None, None
-    from d9d_kernels import _C
-
-    return getattr(_C, "scalar_views", None), getattr(_C, "group_compute", None)
-
-
 # csrc/cpu/group_compute.cpp
-_SCALAR_VIEWS, _GROUP_COMPUTE = _host_functions()
+_SCALAR_VIEWS = _extension.host_function("scalar_views")
+_GROUP_COMPUTE = _extension.host_function("group_compute")
 
 
 def scalars(out: torch.Tensor) -> list[torch.Tensor] | tuple[torch.Tensor, ...]:
