@@ -53,22 +53,8 @@ std::vector<at::Tensor> value_views(const char* op, const at::Tensor& x, int64_t
   std::vector<at::Tensor> out;
   out.reserve(static_cast<size_t>(n_scalar) + shapes.size());
   auto make = [&](c10::IntArrayRef sizes) {
-    at::Tensor t = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(x.storage()), x.key_set(), x.dtype());
-    c10::TensorImpl* impl = t.unsafeGetTensorImpl();
-    impl->set_storage_offset(offset);
-    if (sizes.empty() || stride == 1) {
-      impl->set_sizes_contiguous(sizes);
-    } else {
-      std::vector<int64_t> strides(sizes.size());
-      int64_t s = stride;
-      for (size_t d = sizes.size(); d-- > 0;) {
-        strides[d] = s;
-        s *= sizes[d];
-      }
-      impl->set_sizes_and_strides(sizes, strides);
-    }
+    out.push_back(value_view(x, offset, stride, sizes));
     offset += c10::multiply_integers(sizes) * stride;
-    out.push_back(std::move(t));
   };
   for (int64_t i = 0; i < n_scalar; ++i) make({});
   for (const auto& shape : shapes) make(shape);
@@ -100,7 +86,8 @@ std::tuple<std::vector<at::Tensor>, at::Tensor, std::vector<double>> group_compu
     TORCH_CHECK(0 <= idx[j] && idx[j] < sum.numel(), op, ": argument 'bad_index' holds ", idx[j],
                 ", outside the SUM buffer of ", sum.numel());
   }
-  auto [values, out] = host_values(sum, max, replica, program, beta, out_size, n_scalar, shapes);
+  at::Tensor out = host_values_out(sum, max, replica, program, beta, out_size, n_scalar);
+  std::vector<at::Tensor> values = value_views(op, out, n_scalar, shapes);
   const double* s = sum.data_ptr<double>();
   const double* m = bad_matrix.data_ptr<double>();
   std::vector<double> counts(static_cast<size_t>(bad_matrix.size(0)), 0.0);
@@ -112,10 +99,26 @@ std::tuple<std::vector<at::Tensor>, at::Tensor, std::vector<double>> group_compu
 
 }  // namespace
 
-std::pair<std::vector<at::Tensor>, at::Tensor> host_values(const at::Tensor& sum, const at::Tensor& max,
-                                                           const at::Tensor& replica, const at::Tensor& program,
-                                                           const at::Tensor& beta, int64_t out_size, int64_t n_scalar,
-                                                           const std::vector<std::vector<int64_t>>& shapes) {
+at::Tensor value_view(const at::Tensor& x, int64_t offset, int64_t stride, c10::IntArrayRef sizes) {
+  at::Tensor t = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(x.storage()), x.key_set(), x.dtype());
+  c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+  impl->set_storage_offset(offset);
+  if (sizes.empty() || stride == 1) {
+    impl->set_sizes_contiguous(sizes);
+  } else {
+    std::vector<int64_t> strides(sizes.size());
+    int64_t s = stride;
+    for (size_t d = sizes.size(); d-- > 0;) {
+      strides[d] = s;
+      s *= sizes[d];
+    }
+    impl->set_sizes_and_strides(sizes, strides);
+  }
+  return t;
+}
+
+at::Tensor host_values_out(const at::Tensor& sum, const at::Tensor& max, const at::Tensor& replica,
+                           const at::Tensor& program, const at::Tensor& beta, int64_t out_size, int64_t n_scalar) {
   constexpr const char* op = kGroupCompute;
   TORCH_CHECK(sum.device().is_cpu(), op, ": argument 'sum' must be on the CPU, got ", sum.device());
   TORCH_CHECK(0 <= n_scalar && n_scalar <= out_size, op, ": argument 'n_scalar' must lie in [0, out_size = ",
@@ -123,7 +126,7 @@ std::pair<std::vector<at::Tensor>, at::Tensor> host_values(const at::Tensor& sum
   at::Tensor out = at::detail::empty_cpu({out_size}, at::kDouble, std::nullopt, std::nullopt, std::nullopt,
                                          std::nullopt);
   group_values_cpu(sum, max, replica, program, beta, out);
-  return {value_views(op, out, n_scalar, shapes), out};
+  return out;
 }
 
 // Adds scalar_views and group_compute to the module; without them (an error

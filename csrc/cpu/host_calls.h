@@ -19,11 +19,12 @@ using ScratchRange = std::tuple<int64_t, at::Tensor, at::Tensor, std::optional<a
 // Resets (fold = false) or folds into the state (fold = true) each range.
 void scratch_ranges(const std::vector<ScratchRange>& ranges, bool fold);
 
-// group_values into a new float64 output of out_size; returns (n_scalar 0-d
-// values then one tensor per shape, all on the output; the output).
-std::pair<std::vector<at::Tensor>, at::Tensor> host_values(const at::Tensor& sum, const at::Tensor& max,
-                                                           const at::Tensor& replica, const at::Tensor& program,
-                                                           const at::Tensor& beta, int64_t out_size, int64_t n_scalar,
-                                                           const std::vector<std::vector<int64_t>>& shapes);
+// group_values into a new float64 output of out_size.
+at::Tensor host_values_out(const at::Tensor& sum, const at::Tensor& max, const at::Tensor& replica,
+                           const at::Tensor& program, const at::Tensor& beta, int64_t out_size, int64_t n_scalar);
+
+// A view of x (1-D, stride `stride`) at element `offset` with contiguous `sizes`
+// (in units of x's stride), made without the dispatcher.
+at::Tensor value_view(const at::Tensor& x, int64_t offset, int64_t stride, c10::IntArrayRef sizes);
 
 }  // namespace d9d

@@ -17,8 +17,9 @@
 // runner bound to the storage's scratch copy (set_forward gives it, per
 // signature, the ranges its ops write and the group_values arguments of its
 // owner): the scratch ranges of the last forward reset, the ops, the ranges
-// folded into the state, and the batch values. It returns (signature, values)
-// or None, touching nothing, when no signature matches.
+// folded into the state, and the batch values of `select` ((key, value index)
+// pairs: the routed members). It returns (signature, {key: value}) or None,
+// touching nothing, when no signature matches.
 #include <torch/csrc/Dtype.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
@@ -30,6 +31,7 @@
 #include <cstring>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "host_calls.h"
@@ -184,21 +186,53 @@ class PlanRunner {
                    at::Tensor program, at::Tensor beta, int64_t out_size, int64_t n_scalar,
                    std::vector<std::vector<int64_t>> shapes) {
     TORCH_CHECK(folds.size() == sigs_.size(), "PlanRunner.set_forward: one list of ranges per signature");
-    fwd_ = Forward{std::move(folds), std::move(sum),   std::move(max),   std::move(replica), std::move(program),
-                   std::move(beta),  out_size,         n_scalar,         std::move(shapes)};
+    Forward f{std::move(folds), std::move(sum), std::move(max), std::move(replica), std::move(program),
+              std::move(beta),  out_size,       n_scalar,       {}};
+    int64_t offset = 0;
+    for (int64_t i = 0; i < n_scalar; ++i) f.values.push_back({offset++, {}});
+    for (auto& shape : shapes) {
+      const int64_t n = c10::multiply_integers(shape);
+      f.values.push_back({offset, std::move(shape)});
+      offset += n;
+    }
+    TORCH_CHECK(offset <= out_size, "PlanRunner.set_forward: the values need ", offset, " elements, out_size is ",
+                out_size);
+    fwd_ = std::move(f);
   }
 
-  py::object forward(py::handle args, py::handle kwargs, const std::vector<ScratchRange>& reset) {
+  // select: [(key, value index)]; returns (signature, {key: value}) or None.
+  py::object forward(py::handle args, py::handle kwargs, const std::vector<ScratchRange>& reset, py::list select) {
     TORCH_CHECK(fwd_.has_value(), "PlanRunner.forward: set_forward was not called");
+    const Forward& f = *fwd_;
+    const Py_ssize_t k = PyList_GET_SIZE(select.ptr());
+    for (Py_ssize_t j = 0; j < k; ++j) {  // before anything is touched
+      PyObject* item = PyList_GET_ITEM(select.ptr(), j);
+      TORCH_CHECK(PyTuple_Check(item) && PyTuple_GET_SIZE(item) == 2 && PyLong_Check(PyTuple_GET_ITEM(item, 1)),
+                  "PlanRunner.forward: argument 'select' must hold (key, value index) pairs");
+      const long i = PyLong_AsLong(PyTuple_GET_ITEM(item, 1));
+      TORCH_CHECK(0 <= i && static_cast<size_t>(i) < f.values.size(), "PlanRunner.forward: value index ", i,
+                  " outside the ", f.values.size(), " values");
+    }
     PyObject* inputs[kMaxInputs];
     const int64_t si = match(args.ptr(), kwargs.ptr(), inputs);
     if (si < 0) return py::none();
-    const Forward& f = *fwd_;
     scratch_ranges(reset, false);
     for (auto& step : sigs_[si].steps) call(step, inputs);
     scratch_ranges(f.folds[si], true);
-    auto values = host_values(f.sum, f.max, f.replica, f.program, f.beta, f.out_size, f.n_scalar, f.shapes).first;
-    return py::make_tuple(si, py::cast(values));
+    // only the selected values become tensors: each is a Python object the caller keeps or frees
+    const at::Tensor out = host_values_out(f.sum, f.max, f.replica, f.program, f.beta, f.out_size, f.n_scalar);
+    py::dict values;
+    for (Py_ssize_t j = 0; j < k; ++j) {
+      PyObject* item = PyList_GET_ITEM(select.ptr(), j);
+      const auto& [offset, shape] = f.values[PyLong_AsLong(PyTuple_GET_ITEM(item, 1))];
+      PyObject* v = THPVariable_Wrap(value_view(out, offset, 1, shape));
+      if (v == nullptr || PyDict_SetItem(values.ptr(), PyTuple_GET_ITEM(item, 0), v) != 0) {
+        Py_XDECREF(v);
+        throw py::error_already_set();
+      }
+      Py_DECREF(v);
+    }
+    return py::make_tuple(si, std::move(values));
   }
 
   size_t size() const { return sigs_.size(); }
@@ -209,7 +243,7 @@ class PlanRunner {
     std::vector<std::vector<ScratchRange>> folds;
     at::Tensor sum, max, replica, program, beta;
     int64_t out_size, n_scalar;
-    std::vector<std::vector<int64_t>> shapes;
+    std::vector<std::pair<int64_t, std::vector<int64_t>>> values;  // per value: (offset in the output, shape)
   };
   std::vector<Signature> sigs_;
   std::optional<Forward> fwd_;

@@ -29,6 +29,7 @@ import torch
 from d9d_kernels.core.device import resolve_device
 from d9d_kernels.core.metric import (
     FUSED,
+    ForwardKeys,
     HostValues,
     Metric,
     _GroupBase,
@@ -210,17 +211,18 @@ class MetricGroup(_GroupBase):
         st = self._storage
         key = frozenset(inputs)
         hit = self._forward_cache.get(key)
-        if hit is None:  # (members valued from the scratch, any member on the state, [(key, name, on state)])
+        if hit is None:  # (members valued from the scratch, any member on the state, [(key, name, on state)], ForwardKeys)
             targets = self._targets(key)
             names = [m.__dict__["_name"] for m in targets if not m._forward_on_state]
+            out_keys = [(self._keys[m.__dict__["_name"]], m.__dict__["_name"], m._forward_on_state) for m in targets]
+            any_on_state = any(m._forward_on_state for m in targets)
             hit = self._forward_cache[key] = (
-                names, frozenset(names), any(m._forward_on_state for m in targets),
-                [(self._keys[m.__dict__["_name"]], m.__dict__["_name"], m._forward_on_state) for m in targets])
-        names, name_set, any_on_state, out_keys = hit
-        if not any_on_state and "forward" in FUSED:  # the whole step in one C++ call, where it can run
-            vals = FUSED["forward"](self, (), inputs, name_set)
+                names, any_on_state, out_keys, None if any_on_state else ForwardKeys((k, n) for k, n, _ in out_keys))
+        names, any_on_state, out_keys, fwd_keys = hit
+        if fwd_keys is not None and "forward" in FUSED:  # the whole step in one C++ call, where it can run
+            vals = FUSED["forward"](self, (), inputs, fwd_keys)
             if vals is not None:
-                return {k: vals[n] for k, n, _ in out_keys}
+                return vals
         if any_on_state:
             # every member's checks first; their updates run on the state after the scratch fold
             targets = self._targets(key)

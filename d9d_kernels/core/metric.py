@@ -65,11 +65,25 @@ _CUSTOM = "_custom"
 #: ``values(group)`` and ``to_host(group, keys)`` (a group's compute),
 #: ``batch(group, names, scratch views)`` (forward's batch values) and
 #: ``member(metric, buffers)`` (one metric's value, None where it has no
-#: fused formula) and ``forward(owner, args, kwargs, names)`` (a forward in
-#: one call: the values, or None where the Python steps run). Without them
-#: every metric computes on its own.
+#: fused formula) and ``forward(owner, args, kwargs, keys)`` (a forward in
+#: one call: ``{key: value}`` of ``keys``, a ForwardKeys, or None where the
+#: Python steps run). Without them every metric computes on its own.
 FUSED: dict[str, Callable] = {}
-_SELF = frozenset({""})  # a single metric's name in its fused plan
+
+
+class ForwardKeys:
+    """The values one forward returns: ``pairs`` of (output key, member
+    name). Hashed by identity, so the fused forward caches, per plan, what it
+    selects for a given ForwardKeys in one dict lookup."""
+
+    __slots__ = ("pairs", "names")
+
+    def __init__(self, pairs):
+        self.pairs = tuple(pairs)
+        self.names = frozenset(n for _, n in self.pairs)
+
+
+_SELF = ForwardKeys([("", "")])  # a single metric: itself, named "" in its fused plan
 
 
 def register_fused_compute(**hooks: Callable) -> None:
@@ -214,6 +228,9 @@ class Metric(metaclass=_MetricMeta):
         fn = cls.__dict__.get("update")
         if fn is not None and not getattr(fn, "_d9d_planned", False):
             cls.update = planned(fn)
+        # metric(...) is the class's forward itself: no second frame that re-packs the keyword inputs
+        if "forward" in cls.__dict__ and "__call__" not in cls.__dict__:
+            cls.__call__ = cls.__dict__["forward"]
 
     def __init__(self, nan_strategy: str = "propagate"):
         if nan_strategy not in NAN_STRATEGIES:
@@ -461,9 +478,6 @@ class Metric(metaclass=_MetricMeta):
         return self.compute()
 
     # -- forward: update AND this batch's value ---------------------------------
-    def __call__(self, *args, **kwargs):
-        return self.forward(*args, **kwargs)
-
     def forward(self, *args, **kwargs):
         """Accumulates the batch (like ``update``) and returns ITS value (like
         torchmetrics' ``forward`` / ``metric(...)``).
@@ -499,6 +513,8 @@ class Metric(metaclass=_MetricMeta):
             views = st.forward_end(fold=ok)
         v = self._fused_value(st.scratch)  # a new tensor; computed before the state views, which it does not need
         return detach_from(self._compute_unchecked(self._states(views)), st) if v is None else v
+
+    __call__ = forward
 
     def _batch_value(self) -> torch.Tensor:
         """The last update's own value, read from the state (``_forward_on_state`` metrics)."""

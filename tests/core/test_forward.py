@@ -402,7 +402,7 @@ def test_forward_in_one_call_that_raises_leaves_the_state_and_resets_every_range
     real = runner.runner
 
     class Raising:
-        def forward(self, args, kwargs, reset):
+        def forward(self, args, kwargs, reset, select):
             for b in st.scratch.values():
                 b.fill_(7.0)  # what a failing op may have written
             raise RuntimeError("kernel failed")
@@ -512,3 +512,45 @@ def test_first_forward_inside_inference_mode_then_outside():
             _close(g(preds=p, target=t)["acc"], ref(p, t), 1e-6, f"acc batch {i}")
             _close(g["loss"](p.double().mean()), ref_loss(p.double().mean()), 1e-12, f"loss batch {i}")
     _close(g.compute()["acc"], ref.compute(), 1e-6, "acc total")
+
+
+def test_forward_in_one_call_returns_the_routed_members_under_their_keys(monkeypatch):
+    """The one-call forward makes tensors only for the members the inputs
+    were routed to, under their prefixed/postfixed keys, each a new tensor
+    equal to the Python steps' value; a select that names no value raises
+    before anything is touched."""
+    from d9d_kernels.core.metric import FUSED
+
+    kw = dict(task="multiclass", num_classes=C)
+    make = lambda: dk.MetricGroup({"loss": dk.WeightedMeanMetric(), "acc": dk.Accuracy(**kw),  # noqa: E731
+                                   "cm": dk.ConfusionMatrix(**kw)}, prefix="train/", postfix="_b")
+    fast, slow = make(), make()
+    one_call, calls = FUSED["forward"], []
+
+    def counted(*a):
+        r = one_call(*a)
+        calls.append(r is not None)
+        return r
+
+    gen = torch.Generator().manual_seed(5)
+    for step in range(4):
+        p, t = torch.randn(11, C, generator=gen), torch.randint(0, C, (11,), generator=gen)
+        monkeypatch.setitem(FUSED, "forward", counted)
+        got = fast(preds=p, target=t)
+        monkeypatch.setitem(FUSED, "forward", lambda *a: None)
+        want = slow(preds=p, target=t)
+        assert list(got) == list(want) == ["train/acc_b", "train/cm_b"]
+        for k in want:
+            assert torch.equal(got[k], want[k]), (step, k)
+        assert got["train/acc_b"].untyped_storage().data_ptr() == got["train/cm_b"].untyped_storage().data_ptr()
+        assert all(got[k].untyped_storage().data_ptr() != b.untyped_storage().data_ptr()
+                   for k in got for b in fast._storage.scratch.values())
+    assert calls[-2:] == [True, True], calls
+    st = fast._storage
+    runner = st.compiled[id(fast)].scratch[2].runner
+    before = {k: v.clone() for k, v in st.local.items()}
+    scratch = {k: v.clone() for k, v in st.scratch.items()}
+    with pytest.raises(RuntimeError, match="value index 9 outside the 3 values"):
+        runner.forward((), dict(preds=p, target=t), st.scratch_dirty.reset, [("x", 9)])
+    assert all(_equal_nan(st.local[k], before[k]) for k in before)
+    assert all(_equal_nan(st.scratch[k], scratch[k]) for k in scratch)

@@ -221,6 +221,7 @@ class FusedPlan:
         # scalar outputs first, then vectors
         self.native: list[str] = [name for _, name, _ in rows]
         self.native_index = frozenset(self.native)
+        self.forward_select = {}  # ForwardKeys -> fused_forward's [(key, value index)], or False
         self.native_shapes = [r[2] for _, _, r in rows]
         self.n_scalar = sum(1 for vec, _, _ in rows if not vec)
         program, pos = [], 0
@@ -522,16 +523,16 @@ def fused_batch_values(group, names: list[str], views) -> dict[str, torch.Tensor
     return vals
 
 
-def fused_forward(owner, args: tuple, kwargs: dict, names: frozenset) -> dict | None:
+def fused_forward(owner, args: tuple, kwargs: dict, keys) -> dict | None:
     """``owner``'s forward (a group, or a single metric named ``""``) as ONE
     C++ call where it can run: CPU buffers, a compiled update for these
-    inputs, the previous forward's ranges known and every value in ``names``
-    from the group_values program. ``PlanRunner.forward`` resets the scratch
-    ranges of the last forward, runs the update's ops on the scratch, folds
-    the ranges they wrote into the state and returns the batch values: the
-    same ops and arithmetic as the Python steps of ``forward``. Returns
-    ``{name: value}`` of every ``native`` member, or None (nothing touched)
-    where the Python steps must run."""
+    inputs, the previous forward's ranges known and every member of ``keys``
+    (a ``core.metric.ForwardKeys``) from the group_values program.
+    ``PlanRunner.forward`` resets the scratch ranges of the last forward, runs
+    the update's ops on the scratch, folds the ranges they wrote into the
+    state and returns the batch values: the same ops and arithmetic as the
+    Python steps of ``forward``. Returns ``{output key: value}``, or None
+    (nothing touched) where the Python steps must run."""
     st = owner._storage
     dirty = st.scratch_dirty
     if dirty is None or not dirty.native or st.saved_views is not None or torch.compiler.is_compiling():
@@ -539,27 +540,34 @@ def fused_forward(owner, args: tuple, kwargs: dict, names: frozenset) -> dict | 
     entry = st.compiled.get(id(owner))
     if entry is None or entry.views is not st.local_views:
         return None
-    plan = _plan(owner)
-    if not plan.host or not names <= plan.native_index:
-        return None
     s = compiled.on_scratch(st, entry)
     if s is None:
         return None
-    if s.forward is not plan:  # made for this scratch: its buffers are the values' inputs
+    plan = owner.__dict__.get("_fused_plan")
+    if plan is None or s.forward is not plan:  # set up for this scratch: its buffers are the values' inputs
+        plan = _plan(owner)
+        if not plan.host:
+            return None
         sc = st.scratch
         compiled.set_forward(st, s, plan, (sc[SUM], sc[MAX], sc[REPLICA], *_host_args(plan)[:5]))
+    select = plan.forward_select.get(keys)
+    if select is None:
+        native = {n: i for i, n in enumerate(plan.native)}
+        select = plan.forward_select[keys] = (
+            [(k, native[n]) for k, n in keys.pairs] if keys.names <= plan.native_index else False)
+    if select is False:
+        return None
     try:
-        r = s.runner.forward(args, kwargs, dirty.reset)
+        r = s.runner.forward(args, kwargs, dirty.reset, select)
     except BaseException:
         # the reset ran and some ops may have written: the next forward resets every range
         st.scratch_dirty = st._fold_ranges(frozenset(range(len(st.layout.stats))))
         raise
     if r is None:
         return None
-    i, vals = r
-    st.scratch_dirty = s.folds[i]
+    st.scratch_dirty = s.folds[r[0]]
     st.dirty = True
-    return dict(zip(plan.native, vals))
+    return r[1]
 
 
 def member_value(m, bufs) -> torch.Tensor | None:
