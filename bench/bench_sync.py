@@ -15,6 +15,8 @@ Providers (the ``provider`` column):
     d9d             trigger_sync + wait_sync
     d9d_compute     trigger_sync + wait_sync + compute (to compare with the peers,
                     whose sync cannot be separated from compute)
+    d9d_compute_part  the compute() part of those same d9d_compute calls,
+                    timed inside them (the issue's compute / sync ratio)
     torchmetrics    compute() of each metric (sync, compute, unsync)
     torcheval       toolkit.sync_and_compute_collection
     raw_all_reduce  dist.all_reduce of a float64 buffer of our state's size
@@ -88,9 +90,17 @@ def _rank_main(rank: int, world: int, a, warmup: int, repeats: int):
         nbytes = _state_bytes(groups["d9d"])
         raw = torch.zeros(max(1, nbytes // 8), dtype=torch.float64)
         d9d = groups["d9d"]
+
+        def sync_then_compute():  # returns when the sync ended: compute()'s own part of the call
+            d9d.trigger()
+            d9d.wait()
+            mid = time.perf_counter()
+            d9d.compute()
+            return mid
+
         ops = {
             "d9d": ("d9d", lambda: (d9d.trigger(), d9d.wait())),
-            "d9d_compute": ("d9d", lambda: d9d.sync_compute()),
+            "d9d_compute": ("d9d", sync_then_compute),
             "torchmetrics": ("torchmetrics", lambda: groups["torchmetrics"].sync_compute()),
             "torcheval": ("torcheval", lambda: groups["torcheval"].sync_compute()),
             # after the same untimed d9d update as "d9d": both start from the same
@@ -105,6 +115,7 @@ def _rank_main(rank: int, world: int, a, warmup: int, repeats: int):
         # peers take 5-1200 ms each): one gloo collective varied 0.3-5 ms from
         # call to call here, and 21 samples left medians 2x apart run to run.
         times = {prov: [] for prov in a.providers}
+        part = []  # d9d_compute_part
         for i in range(warmup + repeats):
             for prov in a.providers:
                 gname, fn = ops[prov]
@@ -113,12 +124,16 @@ def _rank_main(rank: int, world: int, a, warmup: int, repeats: int):
                         groups[gname].update(logits, target, loss, n)
                     dist.barrier()
                     t = time.perf_counter()
-                    fn()
-                    dt = time.perf_counter() - t
+                    mid = fn()
+                    end = time.perf_counter()
                     if i >= warmup:
-                        times[prov].append(dt)
+                        times[prov].append(end - t)
+                        if prov == "d9d_compute":
+                            part.append(end - mid)
         for prov in a.providers:
             out.append({"K": K, "provider": prov, "bytes": nbytes, "times": times[prov]})
+        if part:
+            out.append({"K": K, "provider": "d9d_compute_part", "bytes": nbytes, "times": part})
     return out
 
 

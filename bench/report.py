@@ -31,6 +31,7 @@ TRAINING_TARGET_PCT = 1.0
 LABEL = {
     "d9d": "d9d_kernels",
     "d9d_compute": "d9d_kernels (sync+compute)",
+    "d9d_compute_part": "d9d_kernels compute() after the sync",
     "torchmetrics": "torchmetrics (default)",
     "torchmetrics_fast": "torchmetrics (fastest)",
     "torcheval": "torcheval",
@@ -379,7 +380,8 @@ def sync_section(rows, targets: list) -> list[str]:
              "after the same update as `d9d`. World 4 runs 4 processes on this machine's 2 cores: its figures "
              "include scheduling, not only communication.", ""]
     idx = _index(rows, lambda r: (r["provider"], r["_shape"]["world"], r["_shape"]["K"]))
-    provs = [p for p in ("d9d", "d9d_compute", "torchmetrics", "torcheval", "raw_all_reduce") if any(k[0] == p for k in idx)]
+    provs = [p for p in ("d9d", "d9d_compute", "d9d_compute_part", "torchmetrics", "torcheval", "raw_all_reduce")
+             if any(k[0] == p for k in idx)]
     lines += ["| world | K | bytes | " + " | ".join(LABEL[p] for p in provs) + " | d9d / raw | torchmetrics / d9d (sync+compute) |",
               "|" + "---|" * (5 + len(provs))]
     for w in sorted({k[1] for k in idx}):
@@ -416,11 +418,12 @@ def sync_section(rows, targets: list) -> list[str]:
             targets.append(("sync", f"torchmetrics / d9d at K=16, world={w} (sync+compute; sync only)", "≥ 10×",
                             f"{r:.1f}×; {r2:.1f}×", r >= 10))
         kmax = Ks[-1] if Ks else None
-        if w == 2 and kmax and ("d9d", w, kmax) in idx and ("d9d_compute", w, kmax) in idx:
+        if w == 2 and kmax and ("d9d", w, kmax) in idx and ("d9d_compute_part", w, kmax) in idx:
+            # compute() timed inside the sync+compute calls, not a difference of two noisy medians
             sync_t = idx[("d9d", w, kmax)]["_p50"]
-            comp = idx[("d9d_compute", w, kmax)]["_p50"] - sync_t
+            comp = idx[("d9d_compute_part", w, kmax)]["_p50"]
             targets.append(("sync", f"compute() of the K={kmax} group / its sync, world={w} "
-                            "((sync+compute − sync) / sync)", "≤ 0.25×",
+                            "(compute() timed inside the sync+compute calls)", "≤ 0.25×",
                             f"{comp / sync_t:.2f}× ({_fmt_t(comp)} vs {_fmt_t(sync_t)})", comp / sync_t <= 0.25))
     lines.append("")
     return lines

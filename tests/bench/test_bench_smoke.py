@@ -48,7 +48,7 @@ def tiny_run(tmp_path_factory):
 @pytest.mark.parametrize("name,providers", [
     ("update", set(pv.UPDATE_PROVIDERS)),
     ("update_segmentation", {"d9d", "d9d_movedim_copy", "torchmetrics", "torchmetrics_fast", "plain_torch"}),
-    ("sync", {"d9d", "d9d_compute", "torchmetrics", "torcheval", "raw_all_reduce"}),
+    ("sync", {"d9d", "d9d_compute", "d9d_compute_part", "torchmetrics", "torcheval", "raw_all_reduce"}),
     ("training", {"none", "d9d", "torchmetrics", "torchmetrics_fast"}),
     ("ring", {"raw_all_reduce"}),
 ])
