@@ -338,20 +338,26 @@ def _native(plan: FusedPlan, bufs) -> dict:
 
 
 def _host_args(plan: FusedPlan) -> tuple:
-    """``GV.host_compute``'s arguments after the buffers: program, beta²,
-    sizes, the vector members' shapes, the bad index and matrix (empty when
-    no member raises); made once."""
+    """``GV.host_compute``'s arguments after the buffers: ``_program_args``,
+    then the bad index and matrix (empty when no member raises); made once."""
     args = plan._device_idx.get("host")
     if args is None:
         cpu = torch.device("cpu")
-        prog, beta2, _ = plan.native_args(cpu)
         if plan.checked_fused:
             bad = (plan.bad_index(cpu), _bad_matrix(plan, cpu, causes=False))
         else:
             bad = (torch.empty(0, dtype=torch.int64), torch.empty(0, 0, dtype=torch.float64))
-        shapes = [list(s) for s in plan.native_shapes[plan.n_scalar:]]
-        args = plan._device_idx["host"] = (prog, beta2, plan.out_size, plan.n_scalar, shapes, *bad)
+        args = plan._device_idx["host"] = (*_program_args(plan), *bad)
     return args
+
+
+def _program_args(plan: FusedPlan) -> tuple:
+    """The group_values program's CPU arguments after the buffers, as
+    ``_C.group_compute`` and ``PlanRunner.set_forward`` take them: program,
+    beta², output size, scalar count and the vector members' shapes."""
+    prog, beta2, _ = plan.native_args(torch.device("cpu"))
+    shapes = [list(s) for s in plan.native_shapes[plan.n_scalar:]]
+    return prog, beta2, plan.out_size, plan.n_scalar, shapes
 
 
 def _host_native(plan: FusedPlan, bufs) -> tuple[dict, list | None]:
@@ -549,7 +555,7 @@ def fused_forward(owner, args: tuple, kwargs: dict, keys) -> dict | None:
         if not plan.host:
             return None
         sc = st.scratch
-        compiled.set_forward(st, s, plan, (sc[SUM], sc[MAX], sc[REPLICA], *_host_args(plan)[:5]))
+        compiled.set_forward(st, s, plan, (sc[SUM], sc[MAX], sc[REPLICA], *_program_args(plan)))
     select = plan.forward_select.get(keys)
     if select is None:
         native = {n: i for i, n in enumerate(plan.native)}
