@@ -17,8 +17,14 @@ torcheval, no slower than plain torch.
 ``loss(values=..., weights=...)``: update AND batch values) against its
 update, measured interleaved (update, forward, update, ... in rounds; the
 ratio is the median of per-round ratios), for d9d_kernels and torchmetrics;
-``d9d_state`` is d9d's forward without the batch-value formulas (scratch
-reset, update on it, fold). Target: forward <= 1.2x update.
+``group_forward_state`` is d9d's forward without the batch-value formulas
+(scratch reset, update on it, fold); ``group_update_result`` is the update
+followed by making a result like forward's from Python, the cheapest way
+known here: as many fresh float64 tensors in two dicts, on new
+zero-filled outputs of the result's size (one ``torch.zeros`` and one
+``_C.scalar_views`` per dict; no value computed, the [C, C] matrix's bytes
+written once but not as a matrix view): how much of forward's cost is the
+result itself. Target: forward <= 1.2x update.
 Writes ``bench/results/bench_update_forward.csv``.
 
 One CSV row per (provider, C, batch): median/p20/p80 of the update call.
@@ -124,11 +130,17 @@ def host_sync_check(g, inputs, out_csv, C, N) -> None:
 
 
 def forward_calls(prov: str, grp, inputs):
-    """(update, forward[, forward without batch values]) callables of one provider's group."""
+    """(update, forward, forward without batch values, update + a result made from Python)
+    callables of one provider's group; the last two are None for torchmetrics."""
     logits, target, loss, n = inputs
     if prov == "d9d":
+        from d9d_kernels import _C
+
         g, lm = grp.g, grp.loss
         st = g._storage
+        result = g(preds=logits, target=target)
+        keys, n_out = list(result), sum(v.numel() for v in result.values())  # the group forward's result
+        views, f64 = _C.scalar_views, torch.float64
 
         def fwd():
             lm(values=loss, weights=n)
@@ -140,13 +152,18 @@ def forward_calls(prov: str, grp, inputs):
             g.update(preds=logits, target=target)
             st.forward_end()
 
-        return (lambda: grp.update(*inputs)), fwd, state_only
+        def update_result():  # the update, then as many fresh tensors as forward returns
+            grp.update(*inputs)
+            out = torch.zeros(n_out, dtype=f64)
+            return views(torch.zeros(1, dtype=f64))[0], dict(zip(keys, views(out[:len(keys)])))
+
+        return (lambda: grp.update(*inputs)), fwd, state_only, update_result
     if prov in ("torchmetrics", "torchmetrics_fast"):
         def fwd():
             grp.loss(loss, n)
             return grp.col(logits, target)
 
-        return (lambda: grp.update(*inputs)), fwd, None
+        return (lambda: grp.update(*inputs)), fwd, None, None
     raise ValueError(f"--forward compares d9d and torchmetrics, not {prov}")
 
 
@@ -187,17 +204,19 @@ def main_forward(a) -> int:
             inputs = pv.update_inputs(N, C, device=dev)
             for prov in provs:
                 grp = pv.make_update_group(prov, C, device=dev)
-                upd, fwd, state_only = forward_calls(prov, grp, inputs)
+                upd, fwd, state_only, upd_result = forward_calls(prov, grp, inputs)
                 fns = {"group_update": upd, "group_forward": fwd}
                 if state_only is not None:
                     fns["group_forward_state"] = state_only
+                    fns["group_update_result"] = upd_result
                 times = interleaved(fns, rounds, min_s, sync)
                 for op, ts in times.items():
                     st = harness.stats(ts)
                     rows.append(harness.row(BENCH, op=op, provider=prov, shape=f"C={C},N={N}", dtype="float32",
                                             device=dev.type, stats=st))
                 ratio = lambda op: statistics.median(f / u for f, u in zip(times[op], times["group_update"]))  # noqa: E731
-                extra = f", state only {ratio('group_forward_state'):.2f}x" if "group_forward_state" in times else ""
+                extra = (f", state only {ratio('group_forward_state'):.2f}x, update + result from Python "
+                         f"{ratio('group_update_result'):.2f}x" if "group_forward_state" in times else "")
                 print(f"{BENCH}: C={C:<5d} N={N:<6d} {prov:<18s} update {statistics.median(times['group_update']) * 1e6:9.1f} us"
                       f"  forward {statistics.median(times['group_forward']) * 1e6:9.1f} us  "
                       f"forward/update {ratio('group_forward'):.2f}x{extra}", flush=True)
