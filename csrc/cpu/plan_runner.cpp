@@ -210,6 +210,7 @@ class PlanRunner {
       TORCH_CHECK(PyTuple_Check(item) && PyTuple_GET_SIZE(item) == 2 && PyLong_Check(PyTuple_GET_ITEM(item, 1)),
                   "PlanRunner.forward: argument 'select' must hold (key, value index) pairs");
       const long i = PyLong_AsLong(PyTuple_GET_ITEM(item, 1));
+      if (i == -1 && PyErr_Occurred()) PyErr_Clear();  // too large for a long: out of range below
       TORCH_CHECK(0 <= i && static_cast<size_t>(i) < f.values.size(), "PlanRunner.forward: value index ", i,
                   " outside the ", f.values.size(), " values");
     }

@@ -211,7 +211,7 @@ class MetricGroup(_GroupBase):
         st = self._storage
         key = frozenset(inputs)
         hit = self._forward_cache.get(key)
-        if hit is None:  # (members valued from the scratch, any member on the state, [(key, name, on state)], ForwardKeys)
+        if hit is None:  # (scratch-valued members, any on the state, [(key, name, on state)], ForwardKeys)
             targets = self._targets(key)
             names = [m.__dict__["_name"] for m in targets if not m._forward_on_state]
             out_keys = [(self._keys[m.__dict__["_name"]], m.__dict__["_name"], m._forward_on_state) for m in targets]
