@@ -21,6 +21,7 @@
 // pairs: the routed members). It returns (signature, {key: value}) or None,
 // touching nothing, when no signature matches.
 #include <torch/csrc/Dtype.h>
+#include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/extension.h>
@@ -30,6 +31,7 @@
 #include <cmath>
 #include <cstring>
 #include <optional>
+#include <typeinfo>
 #include <string>
 #include <utility>
 #include <vector>
@@ -121,6 +123,19 @@ bool matches(PyObject* v, const Check& c) {
   return false;
 }
 
+// t.reshape(-1). A plain contiguous tensor (a 0-d loss, a [B, T] mask) gets
+// its view made directly as a TensorImpl on t's storage: the dispatched
+// reshape of a 0-d weight cost as much as the whole weighted-mean update.
+// Anything else (a tensor subclass, a wrapper, a strided view, autograd) reshapes.
+at::Tensor flat_of(const at::Tensor& t) {
+  const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+  if (typeid(*impl) == typeid(c10::TensorImpl) && !impl->is_python_dispatch() && t.layout() == at::kStrided &&
+      t.has_storage() && !t.requires_grad() && !t.is_conj() && !t.is_neg() && t.is_contiguous()) {
+    return value_view(t, t.storage_offset(), 1, {t.numel()});
+  }
+  return t.reshape(-1);
+}
+
 double number(PyObject* v) { return PyFloat_Check(v) ? PyFloat_AS_DOUBLE(v) : PyLong_AsDouble(v); }
 
 class PlanRunner {
@@ -171,9 +186,12 @@ class PlanRunner {
   }
 
   // The index of the signature that matched and whose ops ran; -1: nothing was touched.
-  int64_t run(py::handle args, py::handle kwargs) {
+  int64_t run(py::handle args, py::handle kwargs) { return run_raw(args.ptr(), kwargs.ptr()); }
+
+  // args: a tuple; kwargs: a dict or None.
+  int64_t run_raw(PyObject* args, PyObject* kwargs) {
     PyObject* inputs[kMaxInputs];
-    const int64_t si = match(args.ptr(), kwargs.ptr(), inputs);
+    const int64_t si = match(args, kwargs, inputs);
     if (si >= 0) {
       for (auto& step : sigs_[si].steps) call(step, inputs);
     }
@@ -201,7 +219,7 @@ class PlanRunner {
   }
 
   // select: [(key, value index)]; returns (signature, {key: value}) or None.
-  py::object forward(py::handle args, py::handle kwargs, const std::vector<ScratchRange>& reset, py::list select) {
+  py::object forward(py::handle args, py::handle kwargs, py::handle reset, py::list select) {
     TORCH_CHECK(fwd_.has_value(), "PlanRunner.forward: set_forward was not called");
     const Forward& f = *fwd_;
     const Py_ssize_t k = PyList_GET_SIZE(select.ptr());
@@ -214,10 +232,15 @@ class PlanRunner {
       TORCH_CHECK(0 <= i && static_cast<size_t>(i) < f.values.size(), "PlanRunner.forward: value index ", i,
                   " outside the ", f.values.size(), " values");
     }
+    // reset is a storage's FoldRanges.reset, a list never changed once made: converted once per list
+    if (!reset_list_ || reset.ptr() != reset_list_.ptr()) {
+      reset_ = reset.cast<std::vector<ScratchRange>>();
+      reset_list_ = py::reinterpret_borrow<py::object>(reset);
+    }
     PyObject* inputs[kMaxInputs];
     const int64_t si = match(args.ptr(), kwargs.ptr(), inputs);
     if (si < 0) return py::none();
-    scratch_ranges(reset, false);
+    scratch_ranges(reset_, false);
     for (auto& step : sigs_[si].steps) call(step, inputs);
     scratch_ranges(f.folds[si], true);
     // only the selected values become tensors: each is a Python object the caller keeps or frees
@@ -248,6 +271,8 @@ class PlanRunner {
   };
   std::vector<Signature> sigs_;
   std::optional<Forward> fwd_;
+  py::object reset_list_;  // the last forward's reset argument (kept alive: its id stays its own)
+  std::vector<ScratchRange> reset_;
 
   // The first signature the inputs match (inputs[i] set to input i), or -1.
   int64_t match(PyObject* a, PyObject* kw, PyObject** inputs) const {
@@ -283,7 +308,7 @@ class PlanRunner {
             break;
           }
           const at::Tensor& t = THPVariable_Unpack(v);
-          stack[s.arg] = t.dim() == 1 ? t : t.reshape(-1);  // a 1-D input is its own flattening
+          stack[s.arg] = t.dim() == 1 ? t : flat_of(t);  // a 1-D input is its own flattening
           break;
         }
         case Source::Fill1:
@@ -309,6 +334,117 @@ class PlanRunner {
   }
 };
 
+// run(args, kwargs) as a plain CPython function (METH_FASTCALL) on a capsule
+// that holds the runner: the per-update entry. Called right after a training
+// step's other work, pybind11's dispatch (function records, overload and
+// type lookups) costs more than the match; this path reads only the runner.
+constexpr const char* kRunnerCapsule = "d9d_kernels._C.PlanRunner";
+
+struct Bound {
+  PlanRunner* runner;
+  PyObject* owner;  // the Python PlanRunner, kept alive by the capsule
+};
+
+PyObject* fast_run(PyObject* self, PyObject* const* argv, Py_ssize_t n) {
+  HANDLE_TH_ERRORS
+  if (n != 2 || !PyTuple_Check(argv[0]) || !(argv[1] == Py_None || PyDict_Check(argv[1]))) {
+    PyErr_SetString(PyExc_TypeError, "PlanRunner.fast_run()(args: tuple, kwargs: dict | None)");
+    return nullptr;
+  }
+  auto* b = static_cast<Bound*>(PyCapsule_GetPointer(self, kRunnerCapsule));
+  if (b == nullptr) return nullptr;
+  return PyLong_FromLongLong(b->runner->run_raw(argv[0], argv[1]));
+  END_HANDLE_TH_ERRORS
+}
+
+PyMethodDef kFastRun = {"run", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&fast_run)), METH_FASTCALL,
+                        "run(args, kwargs) of a PlanRunner, without pybind11"};
+
+void drop_bound(PyObject* capsule) {
+  auto* b = static_cast<Bound*>(PyCapsule_GetPointer(capsule, kRunnerCapsule));
+  if (b == nullptr) {
+    PyErr_Clear();
+    return;
+  }
+  Py_DECREF(b->owner);
+  delete b;
+}
+
+// A new function f with f(args, kwargs) == runner.run(args, kwargs).
+py::object fast_run_of(py::object runner) {
+  auto* b = new Bound{runner.cast<PlanRunner*>(), runner.ptr()};
+  Py_INCREF(b->owner);
+  PyObject* capsule = PyCapsule_New(b, kRunnerCapsule, &drop_bound);
+  if (capsule == nullptr) {
+    Py_DECREF(b->owner);
+    delete b;
+    throw py::error_already_set();
+  }
+  PyObject* f = PyCFunction_New(&kFastRun, capsule);
+  Py_DECREF(capsule);
+  if (f == nullptr) throw py::error_already_set();
+  return py::reinterpret_steal<py::object>(f);
+}
+
+// fast_update(metric, args, kwargs) -> bool: the planned wrapper's
+// (d9d_kernels/core/plan.py) compiled branch, the same reads in C API calls:
+// True when the owner's runner (storage.compiled[id(metric)], bound to the
+// storage's current local views) matched and ran, storage.dirty then set;
+// False (nothing touched) inside a group's routing (_collector set), with no
+// runner, while a forward points the update at the scratch copy, or when no
+// signature matches. Each step of the wrapper's Python was a cache miss after
+// a training step's other work.
+// 1: ran; 0: not taken, nothing touched; -1: a Python error is set.
+int fast_update_impl(PyObject* metric, PyObject* args, PyObject* kwargs) {
+  static PyObject* const s_collector = PyUnicode_InternFromString("_collector");
+  static PyObject* const s_storage = PyUnicode_InternFromString("_storage");
+  static PyObject* const s_compiled = PyUnicode_InternFromString("compiled");
+  static PyObject* const s_local = PyUnicode_InternFromString("local_views");
+  static PyObject* const s_views = PyUnicode_InternFromString("views");
+  static PyObject* const s_fast = PyUnicode_InternFromString("fast");
+  static PyObject* const s_dirty = PyUnicode_InternFromString("dirty");
+  auto own = [](PyObject* o) { return py::reinterpret_steal<py::object>(o); };
+  const py::object d = own(PyObject_GenericGetDict(metric, nullptr));
+  if (!d) return -1;
+  PyObject* collector = PyDict_GetItemWithError(d.ptr(), s_collector);  // borrowed
+  PyObject* storage = collector == Py_None ? PyDict_GetItemWithError(d.ptr(), s_storage) : nullptr;
+  if (storage == nullptr || storage == Py_None) return PyErr_Occurred() ? -1 : 0;
+  const py::object compiled = own(PyObject_GetAttr(storage, s_compiled));
+  const py::object key = own(PyLong_FromVoidPtr(metric));  // id(metric)
+  if (!compiled || !key) return -1;
+  PyObject* entry = PyDict_Check(compiled.ptr()) ? PyDict_GetItemWithError(compiled.ptr(), key.ptr()) : nullptr;
+  if (entry == nullptr) return PyErr_Occurred() ? -1 : 0;
+  const py::object views = own(PyObject_GetAttr(entry, s_views));
+  const py::object local = own(PyObject_GetAttr(storage, s_local));
+  const py::object fast = own(PyObject_GetAttr(entry, s_fast));
+  if (!views || !local || !fast) return -1;
+  if (views.ptr() != local.ptr()) return 0;
+  if (!PyCFunction_Check(fast.ptr())) {
+    PyErr_SetString(PyExc_TypeError, "fast_update: the runner's 'fast' is not PlanRunner.fast_run()");
+    return -1;
+  }
+  auto* b = static_cast<Bound*>(PyCapsule_GetPointer(PyCFunction_GET_SELF(fast.ptr()), kRunnerCapsule));
+  if (b == nullptr) return -1;
+  if (b->runner->run_raw(args, kwargs) < 0) return 0;
+  return PyObject_SetAttr(storage, s_dirty, Py_True) == 0 ? 1 : -1;
+}
+
+PyObject* fast_update(PyObject*, PyObject* const* argv, Py_ssize_t n) {
+  HANDLE_TH_ERRORS
+  if (n != 3 || !PyTuple_Check(argv[1]) || !(argv[2] == Py_None || PyDict_Check(argv[2]))) {
+    PyErr_SetString(PyExc_TypeError, "fast_update(metric, args: tuple, kwargs: dict | None)");
+    return nullptr;
+  }
+  const int r = fast_update_impl(argv[0], argv[1], argv[2]);
+  if (r < 0) return nullptr;
+  return PyBool_FromLong(r);
+  END_HANDLE_TH_ERRORS
+}
+
+PyMethodDef kFastUpdate = {"fast_update",
+                           reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&fast_update)), METH_FASTCALL,
+                           "fast_update(metric, args, kwargs) -> bool: a planned update's compiled branch"};
+
 }  // namespace
 
 // Adds the PlanRunner class to the module; without it (an error here) the
@@ -320,9 +456,15 @@ void add_plan_runner(PyObject* module) {
         .def(py::init<>())
         .def("add", &PlanRunner::add)
         .def("run", &PlanRunner::run)
+        .def("fast_run", &fast_run_of)
         .def("set_forward", &PlanRunner::set_forward)
         .def("forward", &PlanRunner::forward)
         .def("__len__", &PlanRunner::size);
+    PyObject* f = PyCFunction_NewEx(&kFastUpdate, nullptr, nullptr);
+    if (f == nullptr || PyModule_AddObject(module, "fast_update", f) != 0) {
+      Py_XDECREF(f);
+      throw py::error_already_set();
+    }
   } catch (const std::exception&) {
     PyErr_Clear();
   }

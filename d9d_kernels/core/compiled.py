@@ -66,12 +66,23 @@ class OpStep:
 
 
 def runner_class():
-    """``_C.PlanRunner``, or None when the extension lacks it."""
-    return _extension.host_function("PlanRunner")
+    """``_C.PlanRunner``, or None when the extension lacks it (or its ``fast_update``)."""
+    return _extension.host_function("PlanRunner") if _extension.host_function("fast_update") else None
 
 
 def enabled() -> bool:
     return os.environ.get("D9D_KERNELS_COMPILED", "1") != "0" and runner_class() is not None
+
+
+def _not_taken(metric, args: tuple, kwargs: dict) -> bool:
+    return False
+
+
+#: ``fast_update(metric, args, kwargs) -> bool``: the planned wrapper's branch
+#: for a runner bound to the local views, in C++ (csrc/cpu/plan_runner.cpp):
+#: ``storage.compiled[id(metric)]``'s ``fast(args, kwargs)`` outside a
+#: group's routing, ``storage.dirty = True`` when a signature ran.
+fast_update = _extension.host_function("fast_update") or _not_taken
 
 
 def _check(v):
@@ -123,10 +134,11 @@ class Runner:
     arguments and the statistics the plan updates (``PlanRunner.run``
     returns the index of the signature it ran)."""
 
-    __slots__ = ("views", "runner", "adds", "stats", "scratch", "forward", "folds")
+    __slots__ = ("views", "runner", "fast", "adds", "stats", "scratch", "forward", "folds")
 
     def __init__(self, views: list):
         self.views, self.runner, self.adds, self.stats = views, runner_class()(), [], []
+        self.fast = self.runner.fast_run()  # runner.run without pybind11: what _C.fast_update calls
         self.scratch = None  # (signatures, scratch views, Runner or None): on_scratch's cache
         self.forward = None  # the owner plan a scratch runner's PlanRunner.forward was set up with (set_forward)
         self.folds = []  # with it: per signature, the storage's FoldRanges of the statistics it writes

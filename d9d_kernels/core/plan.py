@@ -35,6 +35,7 @@ from d9d_kernels.core import compiled
 
 __all__ = ["planned", "input_key"]
 _compiling = torch.compiler.is_compiling
+_fast_update = compiled.fast_update
 
 #: signatures planned per storage; beyond this, new signatures run checked.
 MAX_PLANS = 64
@@ -119,17 +120,17 @@ def planned(update):
 
     @functools.wraps(update)
     def wrapper(self, *args, **kwargs):
+        compiling = _compiling()
+        if not compiling and _fast_update(self, args, kwargs):  # the runner on the local views ran
+            return
         d = self.__dict__
         storage = d["_storage"]
         if d["_collector"] is not None or storage is None:  # inside MetricGroup.update: it plans
             return update(self, *args, **kwargs)
         c = storage.compiled.get(id(self))  # d9d_kernels/core/compiled.py: a Runner
-        if c is not None and not _compiling():
-            if c.views is storage.local_views:
-                if c.runner.run(args, kwargs) >= 0:
-                    storage.dirty = True
-                    return
-            elif c.views is storage.saved_views:  # inside a forward: the same ops on the scratch copy
+        if c is not None and not compiling:
+            if c.views is not storage.local_views and c.views is storage.saved_views:
+                # inside a forward: the same ops on the scratch copy
                 s = compiled.on_scratch(storage, c)
                 i = -1 if s is None else s.runner.run(args, kwargs)
                 if i >= 0:

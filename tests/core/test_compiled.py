@@ -50,6 +50,12 @@ CASES = {
     "weighted_mean_numbers": (dk.WeightedMeanMetric, lambda m, b: m.update(b["num"], weights=b["count"]), True),
     "weighted_mean_tensor_number_weight": (dk.WeightedMeanMetric, lambda m, b: m.update(b["x"], weights=b["count"]), True),
     "weighted_mean_masked": (dk.WeightedMeanMetric, lambda m, b: m.update(b["x"], weights=b["w"], mask=b["mask"]), True),
+    # flattened inputs: a contiguous [n, L] (a view made in C++), a transposed one and one
+    # that requires grad (both reshaped by the dispatcher)
+    "weighted_mean_2d": (dk.WeightedMeanMetric, lambda m, b: m.update(b["ml_probs"], weights=b["ml_probs"] + 1), True),
+    "weighted_mean_2d_transposed": (
+        dk.WeightedMeanMetric, lambda m, b: m.update(b["ml_probs"].t(), weights=(b["ml_probs"] + 1).t()), True),
+    "sum_requires_grad": (dk.SumMetric, lambda m, b: m.update(b["ml_probs"].requires_grad_()), True),
     "mean_ignore_nan": (lambda: dk.WeightedMeanMetric(nan_strategy="ignore"), lambda m, b: m.update(b["x"]), True),
     "sum_number": (dk.SumMetric, lambda m, b: m.update(b["num"]), True),
     "max_0d": (dk.MaxMetric, lambda m, b: m.update(b["v0"]), True),
@@ -187,6 +193,44 @@ def test_changed_metadata_falls_back_and_bad_input_leaves_state():
     after = _bits(g._storage)
     for k in KINDS:
         assert torch.equal(before[k], after[k]), k
+
+
+def test_fast_update_runs_only_the_owners_local_runner():
+    """_C.fast_update is the planned wrapper's compiled branch: it runs (True)
+    only for a metric outside a group's routing whose runner is bound to the
+    local views and whose signature matches; otherwise False with nothing
+    written. Its argument errors are Python's TypeError."""
+    if compiled.fast_update is compiled._not_taken:
+        pytest.skip("extension without fast_update")
+    g = _group()
+    _feed_group(g, steps=2)
+    loss, st = g["loss"], g._storage
+    b = _batch(0)
+    kw = dict(values=b["v0"], weights=b["w0"])
+    before = _bits(st)
+    assert compiled.fast_update(loss, (), dict(values=b["v0"], weights=torch.ones(2))) is False  # no signature
+    assert compiled.fast_update(dk.WeightedMeanMetric(), (), kw) is False  # never planned: no runner
+    loss.__dict__["_collector"] = []  # inside g.update's routing
+    try:
+        assert compiled.fast_update(loss, (), kw) is False
+    finally:
+        loss.__dict__["_collector"] = None
+    st.forward_begin()  # a forward points the update at the scratch copy
+    try:
+        assert compiled.fast_update(loss, (), kw) is False
+    finally:
+        st.forward_end(fold=False)
+    after = _bits(st)
+    for k in KINDS:
+        assert torch.equal(before[k], after[k]), k
+    st.dirty = False
+    assert compiled.fast_update(loss, (), kw) is True and st.dirty is True
+    want = np.average([float(_batch(s)["v0"]) for s in (0, 1, 0)], weights=[float(_batch(s)["w0"]) for s in (0, 1, 0)])
+    assert loss.compute().item() == pytest.approx(want, rel=1e-12)
+    with pytest.raises(TypeError, match="fast_update"):
+        compiled.fast_update(loss, [], kw)
+    with pytest.raises(TypeError, match="fast_update"):
+        compiled.fast_update(loss, ())
 
 
 def test_moving_drops_runners():
