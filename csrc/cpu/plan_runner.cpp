@@ -20,6 +20,10 @@
 // folded into the state, and the batch values of `select` ((key, value index)
 // pairs: the routed members). It returns (signature, {key: value}) or None,
 // touching nothing, when no signature matches.
+//
+// fast_run() gives run as a plain CPython function, and the module function
+// fast_update(metric, args, kwargs) is the planned wrapper's whole compiled
+// branch: the per-update entries, with no pybind11 and no wrapper Python.
 #include <torch/csrc/Dtype.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
@@ -31,8 +35,8 @@
 #include <cmath>
 #include <cstring>
 #include <optional>
-#include <typeinfo>
 #include <string>
+#include <typeinfo>
 #include <utility>
 #include <vector>
 
@@ -392,8 +396,8 @@ py::object fast_run_of(py::object runner) {
 // storage's current local views) matched and ran, storage.dirty then set;
 // False (nothing touched) inside a group's routing (_collector set), with no
 // runner, while a forward points the update at the scratch copy, or when no
-// signature matches. Each step of the wrapper's Python was a cache miss after
-// a training step's other work.
+// signature matches. After a training step's other work each of these reads
+// misses the caches; in the wrapper's Python they cost more than the runner.
 // 1: ran; 0: not taken, nothing touched; -1: a Python error is set.
 int fast_update_impl(PyObject* metric, PyObject* args, PyObject* kwargs) {
   static PyObject* const s_collector = PyUnicode_InternFromString("_collector");
