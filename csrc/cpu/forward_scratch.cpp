@@ -1,6 +1,7 @@
 // forward's scratch copy of the state (d9d_kernels/core/storage.py) on CPU:
 // resetting the ranges the last forward wrote and folding the ranges this one
-// wrote into the state, each in one call. A range is a slice of one kind's
+// wrote into the state, each in one call (fold_and_clear: both, for the
+// one-call forward of PlanRunner, which makes its batch values first). A range is a slice of one kind's
 // buffer; a small group's forward has two or three of them, and dispatching
 // a zero_ / add_ / maximum / copy_ per range cost more than its update.
 //
@@ -13,6 +14,8 @@
 #include <ATen/Parallel.h>
 #include <torch/extension.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <cstring>
 
 #include "host_calls.h"
@@ -60,7 +63,55 @@ void one_range(int64_t kind, double* s, double* x, const double* i0, bool fold, 
   }
 }
 
+// Fold, then the next forward's reset, of elements [b, e) in one pass: for a
+// forward whose batch values were made before. A SUM range without reset
+// values (counts: a confusion matrix) skips the blocks whose scratch is all
+// +0.0 bits: a small batch writes few cells of a large matrix, so the pass
+// reads the scratch once and writes only those blocks, where fold + reset
+// cost three passes. Adding +0.0 changes no state value but -0.0, which a
+// SUM state built by additions from +0.0 never holds.
+void fold_and_clear_range(int64_t kind, double* s, double* x, const double* i0, int64_t b, int64_t e) {
+  if (kind != kSum || i0 != nullptr) {
+    one_range(kind, s, x, i0, true, b, e);
+    if (kind != kReplica) one_range(kind, s, x, i0, false, b, e);  // REPLICA: the scratch is the state now
+    return;
+  }
+  constexpr int64_t kBlock = 64;  // 8 cache lines of float64: one branch per block
+  auto fold = [&](int64_t k0, int64_t k1) {
+    for (int64_t k = k0; k < k1; ++k) {
+      s[k] += x[k];
+      x[k] = 0.0;
+    }
+  };
+  auto bits = [&](int64_t k) {  // +0.0 is all-zero bits
+    uint64_t v;
+    std::memcpy(&v, x + k, sizeof v);
+    return v;
+  };
+  int64_t k0 = b;
+  for (; k0 + kBlock <= e; k0 += kBlock) {
+    uint64_t any = 0;
+    for (int64_t k = k0; k < k0 + kBlock; ++k) any |= bits(k);
+    if (any != 0) fold(k0, k0 + kBlock);
+  }
+  uint64_t any = 0;
+  for (int64_t k = k0; k < e; ++k) any |= bits(k);
+  if (any != 0) fold(k0, e);
+}
+
 }  // namespace
+
+void fold_and_clear(const std::vector<ScratchRange>& ranges) {
+  for (const auto& [kind, state, scratch, init] : ranges) {
+    TORCH_CHECK(kind == kSum || kind == kMax || kind == kReplica,
+                "d9d_kernels._C.scratch_ranges: argument 'ranges' holds kind ", kind, "; expected 0, 1 or 2");
+    const int64_t n = state.numel();
+    double* s = plain(state, n, "state");
+    double* x = plain(scratch, n, "scratch");
+    const double* i0 = init.has_value() ? plain(*init, n, "reset value") : nullptr;
+    at::parallel_for(0, n, kGrain, [&](int64_t b, int64_t e) { fold_and_clear_range(kind, s, x, i0, b, e); });
+  }
+}
 
 void scratch_ranges(const std::vector<ScratchRange>& ranges, bool fold) {
   for (const auto& [kind, state, scratch, init] : ranges) {

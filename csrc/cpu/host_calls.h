@@ -19,6 +19,9 @@ using ScratchRange = std::tuple<int64_t, at::Tensor, at::Tensor, std::optional<a
 // Resets (fold = false) or folds into the state (fold = true) each range.
 void scratch_ranges(const std::vector<ScratchRange>& ranges, bool fold);
 
+// Folds each range into the state and resets its scratch (REPLICA: folded only).
+void fold_and_clear(const std::vector<ScratchRange>& ranges);
+
 // group_values into a new float64 output of out_size.
 at::Tensor host_values_out(const at::Tensor& sum, const at::Tensor& max, const at::Tensor& replica,
                            const at::Tensor& program, const at::Tensor& beta, int64_t out_size, int64_t n_scalar);

@@ -16,9 +16,9 @@
 // forward(args, kwargs, reset) is a forward's whole step on CPU buffers for a
 // runner bound to the storage's scratch copy (set_forward gives it, per
 // signature, the ranges its ops write and the group_values arguments of its
-// owner): the scratch ranges of the last forward reset, the ops, the ranges
-// folded into the state, and the batch values of `select` ((key, value index)
-// pairs: the routed members). It returns (signature, {key: value}) or None,
+// owner): the scratch ranges of the last forward reset, the ops, the batch
+// values of `select` ((key, value index) pairs: the routed members), and the
+// ranges folded into the state and reset in one pass. It returns (signature, {key: value}) or None,
 // touching nothing, when no signature matches.
 //
 // fast_run() gives run as a plain CPython function, and the module function
@@ -246,9 +246,11 @@ class PlanRunner {
     if (si < 0) return py::none();
     scratch_ranges(reset_, false);
     for (auto& step : sigs_[si].steps) call(step, inputs);
-    scratch_ranges(f.folds[si], true);
-    // only the selected values become tensors: each is a Python object the caller keeps or frees
+    // the batch values from the scratch, then the fold that also resets it (the caller's next reset:
+    // the REPLICA copy only)
     const at::Tensor out = host_values_out(f.sum, f.max, f.replica, f.program, f.beta, f.out_size, f.n_scalar);
+    fold_and_clear(f.folds[si]);
+    // only the selected values become tensors: each is a Python object the caller keeps or frees
     py::dict values;
     for (Py_ssize_t j = 0; j < k; ++j) {
       PyObject* item = PyList_GET_ITEM(select.ptr(), j);

@@ -18,6 +18,7 @@ import torchmetrics as tm
 import torchmetrics.text
 
 import d9d_kernels as dk
+import d9d_kernels.metrics  # noqa: F401  (fills core.metric.FUSED, read by the one-call forward tests)
 from d9d_kernels.core.plan import Plan
 from tests.metrics._catalogue_utils import _one_thread  # noqa: F401
 
@@ -384,6 +385,59 @@ def test_forward_in_one_call_equals_the_python_steps(strategy, monkeypatch):
     # after the first call of each input signature; never the group with kappa routed
     assert ran.count((False, "MetricGroup")) >= 2 and ran.count((True, "MetricGroup")) == 0, ran
     assert ran.count((True, "WeightedMeanMetric")) >= 2 and ran.count((True, "MaxMetric")) >= 2, ran
+
+
+def test_one_call_forward_of_a_large_sparse_confusion_matrix(monkeypatch):
+    """The one-call forward folds and resets the scratch in one pass that
+    skips the blocks a small batch left at zero (most of a [C, C] matrix):
+    batch values and state bits equal forward's Python steps over forwards
+    of the group and of a member mixed with updates (the scratch protocol
+    between the two paths), and the matrices equal scikit-learn's."""
+    from sklearn.metrics import confusion_matrix
+
+    from d9d_kernels.core.metric import FUSED
+
+    K = 100  # a 10 000-cell matrix: a batch of 5 rows leaves most 64-cell blocks at zero
+    kw = dict(task="multiclass", num_classes=K)
+    one_call, took = FUSED["forward"], []
+
+    def counted(*a):
+        r = one_call(*a)
+        if r is not None:
+            took.append(type(a[0]).__name__)
+        return r
+
+    def make():
+        return dk.MetricGroup({"cm": dk.ConfusionMatrix(**kw), "acc": dk.Accuracy(**kw), "loss": dk.WeightedMeanMetric()})
+
+    fast, slow = make(), make()
+    gen = torch.Generator().manual_seed(7)
+    seen_t, seen_p = [], []
+    for step in range(8):
+        n = (5, 3, 64)[step % 3]
+        p, t = torch.randn(n, K, generator=gen), torch.randint(0, K, (n,), generator=gen)
+        x = torch.randn(n, generator=gen)
+        seen_t.append(t)
+        seen_p.append(p.argmax(1))
+        got, want = {}, {}
+        for g, out in ((fast, got), (slow, want)):
+            monkeypatch.setitem(FUSED, "forward", counted if g is fast else (lambda *a: None))
+            if step == 4:
+                g.update(preds=p, target=t)
+            else:
+                out.update(g(preds=p, target=t))
+                ref = confusion_matrix(t.numpy(), p.argmax(1).numpy(), labels=list(range(K)))
+                np.testing.assert_array_equal(out["cm"].numpy(), ref)
+            out["loss"] = g["loss"](x)
+        assert got.keys() == want.keys()
+        for k in want:
+            assert _equal_nan(got[k], want[k]), (step, k)
+        for k in ("sum", "max", "replica"):  # replica: an unset pivot is NaN
+            assert _equal_nan(fast._storage.local[k], slow._storage.local[k]), (step, k)
+    ref = confusion_matrix(torch.cat(seen_t).numpy(), torch.cat(seen_p).numpy(), labels=list(range(K)))
+    np.testing.assert_array_equal(fast.compute()["cm"].numpy(), ref)
+    # after the first call of each of the 3 input signatures: the one call
+    assert took.count("MetricGroup") >= 3 and took.count("WeightedMeanMetric") >= 4, took
 
 
 def test_forward_in_one_call_that_raises_leaves_the_state_and_resets_every_range():

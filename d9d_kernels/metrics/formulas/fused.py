@@ -535,9 +535,10 @@ def fused_forward(owner, args: tuple, kwargs: dict, keys) -> dict | None:
     inputs, the previous forward's ranges known and every member of ``keys``
     (a ``core.metric.ForwardKeys``) from the group_values program.
     ``PlanRunner.forward`` resets the scratch ranges of the last forward, runs
-    the update's ops on the scratch, folds the ranges they wrote into the
-    state and returns the batch values: the same ops and arithmetic as the
-    Python steps of ``forward``. Returns ``{output key: value}``, or None
+    the update's ops on the scratch, makes the batch values, folds the ranges
+    the ops wrote into the state and resets them in the same pass, and
+    returns the values: the same ops and arithmetic as the Python steps of
+    ``forward``. Returns ``{output key: value}``, or None
     (nothing touched) where the Python steps must run."""
     st = owner._storage
     dirty = st.scratch_dirty
@@ -571,7 +572,7 @@ def fused_forward(owner, args: tuple, kwargs: dict, keys) -> dict | None:
         raise
     if r is None:
         return None
-    st.scratch_dirty = s.folds[r[0]]
+    st.scratch_dirty = st._fold_ranges(frozenset())  # the call reset what it folded: the REPLICA copy is left
     st.dirty = True
     return r[1]
 
