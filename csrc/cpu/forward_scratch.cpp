@@ -99,9 +99,11 @@ void fold_and_clear_range(int64_t kind, double* s, double* x, const double* i0, 
   if (any != 0) fold(k0, e);
 }
 
-}  // namespace
-
-void fold_and_clear(const std::vector<ScratchRange>& ranges) {
+// f(kind, state, scratch, reset values or nullptr, b, e) over each range's
+// elements [b, e) in chunks: a large confusion matrix's range is
+// memory-bound, so it takes every core's bandwidth, as the torch ops had.
+template <class F>
+void each_range(const std::vector<ScratchRange>& ranges, const F& f) {
   for (const auto& [kind, state, scratch, init] : ranges) {
     TORCH_CHECK(kind == kSum || kind == kMax || kind == kReplica,
                 "d9d_kernels._C.scratch_ranges: argument 'ranges' holds kind ", kind, "; expected 0, 1 or 2");
@@ -109,21 +111,18 @@ void fold_and_clear(const std::vector<ScratchRange>& ranges) {
     double* s = plain(state, n, "state");
     double* x = plain(scratch, n, "scratch");
     const double* i0 = init.has_value() ? plain(*init, n, "reset value") : nullptr;
-    at::parallel_for(0, n, kGrain, [&](int64_t b, int64_t e) { fold_and_clear_range(kind, s, x, i0, b, e); });
+    at::parallel_for(0, n, kGrain, [&](int64_t b, int64_t e) { f(kind, s, x, i0, b, e); });
   }
 }
 
+}  // namespace
+
+void fold_and_clear(const std::vector<ScratchRange>& ranges) { each_range(ranges, fold_and_clear_range); }
+
 void scratch_ranges(const std::vector<ScratchRange>& ranges, bool fold) {
-  for (const auto& [kind, state, scratch, init] : ranges) {
-    TORCH_CHECK(kind == kSum || kind == kMax || kind == kReplica,
-                "d9d_kernels._C.scratch_ranges: argument 'ranges' holds kind ", kind, "; expected 0, 1 or 2");
-    const int64_t n = state.numel();
-    double* s = plain(state, n, "state");
-    double* x = plain(scratch, n, "scratch");
-    const double* i0 = init.has_value() ? plain(*init, n, "reset value") : nullptr;
-    // a large confusion matrix's range is memory-bound: every core's bandwidth, as the torch ops had
-    at::parallel_for(0, n, kGrain, [&](int64_t b, int64_t e) { one_range(kind, s, x, i0, fold, b, e); });
-  }
+  each_range(ranges, [fold](int64_t kind, double* s, double* x, const double* i0, int64_t b, int64_t e) {
+    one_range(kind, s, x, i0, fold, b, e);
+  });
 }
 
 // Adds scratch_ranges to the module; without it (an error here) forward
