@@ -13,17 +13,17 @@
 // path. Device-agnostic host code: it lives with the CPU sources because it
 // is compiled by the host compiler.
 //
-// forward(args, kwargs, reset) is a forward's whole step on CPU buffers for a
-// runner bound to the storage's scratch copy (set_forward gives it, per
-// signature, the ranges its ops write and the group_values arguments of its
-// owner): the scratch ranges of the last forward reset, the ops, the batch
-// values of `select` ((key, value index) pairs: the routed members), and the
-// ranges folded into the state and reset in one pass. It returns (signature, {key: value}) or None,
-// touching nothing, when no signature matches.
+// forward(args, kwargs, reset, select) is a forward's whole step on CPU
+// buffers for a runner bound to the storage's scratch copy (set_forward gives
+// it, per signature, the ranges its ops write and the group_values arguments
+// of its owner): the scratch ranges of the last forward reset, the ops, the
+// batch values of `select` ((key, value index) pairs: the routed members),
+// and the ranges folded into the state and reset in one pass. It returns
+// {key: value}, or None, touching nothing, when no signature matches.
 //
-// fast_run() gives run as a plain CPython function, and the module function
-// fast_update(metric, args, kwargs) is the planned wrapper's whole compiled
-// branch: the per-update entries, with no pybind11 and no wrapper Python.
+// The module function fast_update(metric, args, kwargs) is the planned
+// wrapper's whole compiled branch, reaching the runner through handle() (a
+// capsule): the per-update entry, with no pybind11 and no wrapper Python.
 #include <torch/csrc/Dtype.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
@@ -222,7 +222,7 @@ class PlanRunner {
     fwd_ = std::move(f);
   }
 
-  // select: [(key, value index)]; returns (signature, {key: value}) or None.
+  // select: [(key, value index)]; returns {key: value}, or None when no signature matches.
   py::object forward(py::handle args, py::handle kwargs, py::handle reset, py::list select) {
     TORCH_CHECK(fwd_.has_value(), "PlanRunner.forward: set_forward was not called");
     const Forward& f = *fwd_;
@@ -262,7 +262,7 @@ class PlanRunner {
       }
       Py_DECREF(v);
     }
-    return py::make_tuple(si, std::move(values));
+    return std::move(values);
   }
 
   size_t size() const { return sigs_.size(); }
@@ -340,31 +340,16 @@ class PlanRunner {
   }
 };
 
-// run(args, kwargs) as a plain CPython function (METH_FASTCALL) on a capsule
-// that holds the runner: the per-update entry. Called right after a training
-// step's other work, pybind11's dispatch (function records, overload and
-// type lookups) costs more than the match; this path reads only the runner.
+// A capsule holding the runner (and a reference to its Python object):
+// how fast_update reaches it. Called right after a training step's other
+// work, pybind11's dispatch (function records, overload and type lookups)
+// costs more than the match; the capsule is one pointer read.
 constexpr const char* kRunnerCapsule = "d9d_kernels._C.PlanRunner";
 
 struct Bound {
   PlanRunner* runner;
   PyObject* owner;  // the Python PlanRunner, kept alive by the capsule
 };
-
-PyObject* fast_run(PyObject* self, PyObject* const* argv, Py_ssize_t n) {
-  HANDLE_TH_ERRORS
-  if (n != 2 || !PyTuple_Check(argv[0]) || !(argv[1] == Py_None || PyDict_Check(argv[1]))) {
-    PyErr_SetString(PyExc_TypeError, "PlanRunner.fast_run()(args: tuple, kwargs: dict | None)");
-    return nullptr;
-  }
-  auto* b = static_cast<Bound*>(PyCapsule_GetPointer(self, kRunnerCapsule));
-  if (b == nullptr) return nullptr;
-  return PyLong_FromLongLong(b->runner->run_raw(argv[0], argv[1]));
-  END_HANDLE_TH_ERRORS
-}
-
-PyMethodDef kFastRun = {"run", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&fast_run)), METH_FASTCALL,
-                        "run(args, kwargs) of a PlanRunner, without pybind11"};
 
 void drop_bound(PyObject* capsule) {
   auto* b = static_cast<Bound*>(PyCapsule_GetPointer(capsule, kRunnerCapsule));
@@ -376,8 +361,7 @@ void drop_bound(PyObject* capsule) {
   delete b;
 }
 
-// A new function f with f(args, kwargs) == runner.run(args, kwargs).
-py::object fast_run_of(py::object runner) {
+py::object handle_of(py::object runner) {
   auto* b = new Bound{runner.cast<PlanRunner*>(), runner.ptr()};
   Py_INCREF(b->owner);
   PyObject* capsule = PyCapsule_New(b, kRunnerCapsule, &drop_bound);
@@ -386,10 +370,7 @@ py::object fast_run_of(py::object runner) {
     delete b;
     throw py::error_already_set();
   }
-  PyObject* f = PyCFunction_New(&kFastRun, capsule);
-  Py_DECREF(capsule);
-  if (f == nullptr) throw py::error_already_set();
-  return py::reinterpret_steal<py::object>(f);
+  return py::reinterpret_steal<py::object>(capsule);
 }
 
 // fast_update(metric, args, kwargs) -> bool: the planned wrapper's
@@ -407,7 +388,7 @@ int fast_update_impl(PyObject* metric, PyObject* args, PyObject* kwargs) {
   static PyObject* const s_compiled = PyUnicode_InternFromString("compiled");
   static PyObject* const s_local = PyUnicode_InternFromString("local_views");
   static PyObject* const s_views = PyUnicode_InternFromString("views");
-  static PyObject* const s_fast = PyUnicode_InternFromString("fast");
+  static PyObject* const s_handle = PyUnicode_InternFromString("handle");
   static PyObject* const s_dirty = PyUnicode_InternFromString("dirty");
   auto own = [](PyObject* o) { return py::reinterpret_steal<py::object>(o); };
   const py::object d = own(PyObject_GenericGetDict(metric, nullptr));
@@ -422,14 +403,10 @@ int fast_update_impl(PyObject* metric, PyObject* args, PyObject* kwargs) {
   if (entry == nullptr) return PyErr_Occurred() ? -1 : 0;
   const py::object views = own(PyObject_GetAttr(entry, s_views));
   const py::object local = own(PyObject_GetAttr(storage, s_local));
-  const py::object fast = own(PyObject_GetAttr(entry, s_fast));
-  if (!views || !local || !fast) return -1;
+  const py::object handle = own(PyObject_GetAttr(entry, s_handle));
+  if (!views || !local || !handle) return -1;
   if (views.ptr() != local.ptr()) return 0;
-  if (!PyCFunction_Check(fast.ptr())) {
-    PyErr_SetString(PyExc_TypeError, "fast_update: the runner's 'fast' is not PlanRunner.fast_run()");
-    return -1;
-  }
-  auto* b = static_cast<Bound*>(PyCapsule_GetPointer(PyCFunction_GET_SELF(fast.ptr()), kRunnerCapsule));
+  auto* b = static_cast<Bound*>(PyCapsule_GetPointer(handle.ptr(), kRunnerCapsule));  // TypeError if not one
   if (b == nullptr) return -1;
   if (b->runner->run_raw(args, kwargs) < 0) return 0;
   return PyObject_SetAttr(storage, s_dirty, Py_True) == 0 ? 1 : -1;
@@ -462,7 +439,7 @@ void add_plan_runner(PyObject* module) {
         .def(py::init<>())
         .def("add", &PlanRunner::add)
         .def("run", &PlanRunner::run)
-        .def("fast_run", &fast_run_of)
+        .def("handle", &handle_of)
         .def("set_forward", &PlanRunner::set_forward)
         .def("forward", &PlanRunner::forward)
         .def("__len__", &PlanRunner::size);

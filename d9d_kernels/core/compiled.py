@@ -80,7 +80,7 @@ def _not_taken(metric, args: tuple, kwargs: dict) -> bool:
 
 #: ``fast_update(metric, args, kwargs) -> bool``: the planned wrapper's branch
 #: for a runner bound to the local views, in C++ (csrc/cpu/plan_runner.cpp):
-#: ``storage.compiled[id(metric)]``'s ``fast(args, kwargs)`` outside a
+#: ``storage.compiled[id(metric)]``'s runner (by its ``handle``) outside a
 #: group's routing, ``storage.dirty = True`` when a signature ran.
 fast_update = _extension.host_function("fast_update") or _not_taken
 
@@ -134,14 +134,13 @@ class Runner:
     arguments and the statistics the plan updates (``PlanRunner.run``
     returns the index of the signature it ran)."""
 
-    __slots__ = ("views", "runner", "fast", "adds", "stats", "scratch", "forward", "folds")
+    __slots__ = ("views", "runner", "handle", "adds", "stats", "scratch", "forward")
 
     def __init__(self, views: list):
         self.views, self.runner, self.adds, self.stats = views, runner_class()(), [], []
-        self.fast = self.runner.fast_run()  # runner.run without pybind11: what _C.fast_update calls
+        self.handle = self.runner.handle()  # the capsule through which _C.fast_update runs it
         self.scratch = None  # (signatures, scratch views, Runner or None): on_scratch's cache
         self.forward = None  # the owner plan a scratch runner's PlanRunner.forward was set up with (set_forward)
-        self.folds = []  # with it: per signature, the storage's FoldRanges of the statistics it writes
 
     def add(self, spec: tuple, stats) -> None:
         self.runner.add(*spec)
@@ -177,8 +176,7 @@ def set_forward(storage, s: Runner, plan, values_args: tuple) -> None:
     in one call): per signature the storage's ranges of the statistics it
     writes, and the owner's fused-compute ``plan`` with its group_values
     arguments on the scratch buffers (``values_args``)."""
-    s.folds = [storage._fold_ranges(frozenset(stats)) for stats in s.stats]
-    s.runner.set_forward([f.fold for f in s.folds], *values_args)
+    s.runner.set_forward([storage._fold_ranges(frozenset(stats)).fold for stats in s.stats], *values_args)
     s.forward = plan
 
 

@@ -128,15 +128,14 @@ def planned(update):
         if d["_collector"] is not None or storage is None:  # inside MetricGroup.update: it plans
             return update(self, *args, **kwargs)
         c = storage.compiled.get(id(self))  # d9d_kernels/core/compiled.py: a Runner
-        if c is not None and not compiling:
-            if c.views is not storage.local_views and c.views is storage.saved_views:
-                # inside a forward: the same ops on the scratch copy
-                s = compiled.on_scratch(storage, c)
-                i = -1 if s is None else s.runner.run(args, kwargs)
-                if i >= 0:
-                    storage.touched.update(s.stats[i])
-                    storage.dirty = True
-                    return
+        if c is not None and not compiling and c.views is storage.saved_views:
+            # inside a forward: the same ops on the scratch copy
+            s = compiled.on_scratch(storage, c)
+            i = -1 if s is None else s.runner.run(args, kwargs)
+            if i >= 0:
+                storage.touched.update(s.stats[i])
+                storage.dirty = True
+                return
         key = input_key(id(self), args, kwargs)
         if key is None:
             return _checked(update, self, args, kwargs)

@@ -565,16 +565,16 @@ def fused_forward(owner, args: tuple, kwargs: dict, keys) -> dict | None:
     if select is False:
         return None
     try:
-        r = s.runner.forward(args, kwargs, dirty.reset, select)
+        vals = s.runner.forward(args, kwargs, dirty.reset, select)
     except BaseException:
         # the reset ran and some ops may have written: the next forward resets every range
         st.scratch_dirty = st._fold_ranges(frozenset(range(len(st.layout.stats))))
         raise
-    if r is None:
+    if vals is None:
         return None
     st.scratch_dirty = st._fold_ranges(frozenset())  # the call reset what it folded: the REPLICA copy is left
     st.dirty = True
-    return r[1]
+    return vals
 
 
 def member_value(m, bufs) -> torch.Tensor | None:
