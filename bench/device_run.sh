@@ -45,6 +45,9 @@ if ls .whl/*.whl >/dev/null 2>&1; then  # test/bench references missing from the
   $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl >>"$LOG" 2>&1
   export PYTHONPATH="$PYTHONPATH:/tmp/site"
 fi
+# pure-Python packages copied from a venv where no wheel is at hand; last on
+# the path, so the image's own copies win
+[[ -d .whl/site ]] && export PYTHONPATH="$PYTHONPATH:$PWD/.whl/site"
 
 rm -f d9d_kernels/_C*.so
 export TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=16 D9D_KERNELS_BUILD_CUDA=1

@@ -1,7 +1,8 @@
-// weighted_moments on CUDA: a one-block kernel sets unset pivots (first good
-// element in index order), then one wave of blocks streams the inputs in
-// 16-byte vectors with per-thread Moments, block reductions and one atomicAdd
-// per slot per block.
+// weighted_moments on CUDA: unset pivots are set first (first good element
+// in index order), then one wave of blocks streams the inputs in 16-byte
+// vectors with per-thread Moments, block reductions and one atomicAdd per slot
+// per block. A one-block wave sets the pivots itself; a larger one is preceded
+// by a one-block pivot kernel.
 // Specification: d9d_kernels/reference.py::weighted_moments.
 #include <ATen/Dispatch.h>
 #include <torch/library.h>
@@ -27,9 +28,10 @@ struct In {
   __device__ bool valid(int64_t i) const { return m == nullptr || m[i * sm]; }
 };
 
-// One block: scans tiles of blockDim elements until a tile holds a good element.
+// One block's threads together: scans tiles of blockDim elements until a
+// tile holds a good element. Every exit is taken by the whole block.
 template <class T, bool HasY>
-__global__ void set_pivot_kernel(In<T> in, double* pivot) {
+__device__ void set_pivot(const In<T>& in, double* pivot) {
   __shared__ int first;  // offset in the tile: a native 32-bit shared atomicMin
   const bool need_x = is_nan(pivot[0]);
   const bool need_y = HasY && is_nan(pivot[1]);
@@ -54,18 +56,29 @@ __global__ void set_pivot_kernel(In<T> in, double* pivot) {
   }
 }
 
+template <class T, bool HasY>
+__global__ void set_pivot_kernel(In<T> in, double* pivot) {
+  set_pivot<T, HasY>(in, pivot);
+}
+
 // Vectors in flight per thread and loop trip (x, y, w: up to 6 16-byte loads).
 constexpr int kUnroll = 2;
 
 // The sums: one wave of blocks streams x / y / w (and the mask) in aligned
 // 16-byte vectors, per-element math in double as the reference (float64
 // sums), scalar head/tail; `split` is all-scalar when a stream is strided.
-// Weights of stride 0 (a broadcast scalar) are one load.
+// Weights of stride 0 (a broadcast scalar) are one load. A one-block grid
+// sets unset pivots itself (`own_pivot`): one launch instead of two for the
+// small inputs (a 0-d loss) that most updates pass.
 template <class T, bool HasY>
-__global__ void __launch_bounds__(kThreads) moments_kernel(In<T> in, VecSplit split, bool skip_bad,
-                                                           const double* pivot, double* state, double* bad) {
+__global__ void __launch_bounds__(kThreads) moments_kernel(In<T> in, VecSplit split, bool skip_bad, bool own_pivot,
+                                                           double* pivot, double* state, double* bad) {
   __shared__ double scratch[kThreads / kWarp];
   constexpr int V = kVec<T>;
+  if (own_pivot) {
+    set_pivot<T, HasY>(in, pivot);
+    __syncthreads();  // thread 0's pivot writes are visible to the block
+  }
   const double px = pivot ? pivot_value(pivot[0]) : 0.0;
   const double py = pivot ? pivot_value(pivot[1]) : 0.0;
   const bool w_vec = in.w != nullptr && in.sw == 1;
@@ -117,10 +130,6 @@ __global__ void __launch_bounds__(kThreads) moments_kernel(In<T> in, VecSplit sp
 
 template <class T, bool HasY>
 void launch_moments(const In<T>& in, bool skip_bad, double* piv, double* state, double* bad, cudaStream_t stream) {
-  if (piv) {
-    set_pivot_kernel<T, HasY><<<1, kThreads, 0, stream>>>(in, piv);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-  }
   // Vector loads need every stream contiguous (weights may be one broadcast
   // value) and at x's alignment; else the whole pass is the strided loop.
   constexpr int V = kVec<T>;
@@ -131,7 +140,12 @@ void launch_moments(const In<T>& in, bool skip_bad, double* piv, double* state, 
   const VecSplit split = vec_split(in.x, in.n, vec);
   const int64_t work = std::max<int64_t>((split.nv + kUnroll - 1) / kUnroll, split.n_scalar(in.n));
   const int blocks = one_wave(moments_kernel<T, HasY>, work);
-  moments_kernel<T, HasY><<<blocks, kThreads, 0, stream>>>(in, split, skip_bad, piv, state, bad);
+  const bool own_pivot = piv != nullptr && blocks == 1;
+  if (piv != nullptr && !own_pivot) {  // every block must read the same pivot
+    set_pivot_kernel<T, HasY><<<1, kThreads, 0, stream>>>(in, piv);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+  moments_kernel<T, HasY><<<blocks, kThreads, 0, stream>>>(in, split, skip_bad, own_pivot, piv, state, bad);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 

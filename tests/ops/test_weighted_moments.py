@@ -210,3 +210,31 @@ def test_cuda_matches_reference(dtype, n):
         assert_counts_equal(got[1], want[1], "bad")
         assert_counts_equal(got[2], want[2], "pivot")
         assert_sums_close(got[0], want[0], "state")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [6, 300, 1000, 2048, 2049, 70000])
+@pytest.mark.parametrize("with_y", [False, True])
+def test_cuda_pivot_one_launch_and_two(n, with_y):
+    """Small inputs set the pivot inside the sums' only block, larger ones in a
+    pivot kernel first: both give the reference's pivot (the first good
+    element, found past several tiles of masked and non-finite ones) and sums,
+    and a set pivot is left alone."""
+    x = 1e6 + torch.randn(n, dtype=torch.float64)
+    y = torch.randn(n, dtype=torch.float64) if with_y else None
+    first = min(n - 1, 700)  # past two 256-element tiles where n allows
+    x[: first // 2] = float("nan")
+    mask = torch.ones(n, dtype=torch.bool)
+    mask[first // 2 : first] = False
+    for pivot0 in (f64(2, fill=float("nan")), torch.tensor([3.0, float("nan")], dtype=torch.float64)):
+        for skip_bad in (False, True):
+            want = [f64(9), f64(1), pivot0.clone()]
+            reference.weighted_moments(x, y, None, mask, skip_bad, *want)
+            got = [f64(9).cuda(), f64(1).cuda(), pivot0.cuda()]
+            dk.ops.weighted_moments(x.cuda(), None if y is None else y.cuda(), None, mask.cuda(), state=got[0],
+                                    bad=got[1], pivot=got[2], skip_bad=skip_bad, backend="cuda")
+            got = [t.cpu() for t in got]
+            assert_counts_equal(got[2], want[2], "pivot")
+            assert got[2][0].item() == (x[first].item() if torch.isnan(pivot0[0]) else 3.0)
+            assert_counts_equal(got[1], want[1], "bad")
+            assert_sums_close(got[0], want[0], "state")
