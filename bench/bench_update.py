@@ -24,8 +24,11 @@ known here: as many fresh float64 tensors in two dicts, on new
 zero-filled outputs of the result's size (one ``torch.zeros`` and one
 ``_C.scalar_views`` per dict; no value computed, the [C, C] matrix's bytes
 written once but not as a matrix view): how much of forward's cost is the
-result itself. Target: forward <= 1.2x update.
-Writes ``bench/results/bench_update_forward.csv``.
+result itself. The ``*_percall`` rows time each update and forward call
+alone, the contenders of both libraries round-robin with a 1 MiB write
+between two calls (as ``--hostcost``): the caches as a training step leaves
+them, where the block rows above time loops of one call. Target: forward
+<= 1.2x update. Writes ``bench/results/bench_update_forward.csv``.
 
 One CSV row per (provider, C, batch): median/p20/p80 of the update call.
 Plot + table: ``python bench/report.py``.
@@ -193,34 +196,54 @@ def interleaved(fns: dict, rounds: int, min_repeat_s: float, sync=None) -> dict:
     return times
 
 
+#: rounds of the per-call forward rows (each round calls every contender once)
+PERCALL_ROUNDS = {"full": 60, "quick": 20, "tiny": 2}
+
+
 def main_forward(a) -> int:
     rounds = a.rounds or (2 if a.tiny else 7 if a.quick else 15)
     min_s = 0.0 if a.tiny else 0.005 if a.quick else 0.02
+    percall = PERCALL_ROUNDS["tiny" if a.tiny else "quick" if a.quick else "full"]
     provs = [p for p in a.providers if p in ("d9d", "torchmetrics", "torchmetrics_fast")]
     rows, dev = [], torch.device(a.device)
     sync = torch.cuda.synchronize if dev.type == "cuda" else None
+
+    def add_rows(times: dict, prov: str, C: int, N: int, suffix: str = "") -> None:
+        for op, ts in times.items():
+            rows.append(harness.row(BENCH, op=op + suffix, provider=prov, shape=f"C={C},N={N}", dtype="float32",
+                                    device=dev.type, stats=ts if isinstance(ts, harness.Stats) else harness.stats(ts)))
+
     for C in a.classes:
         for N in a.batches:
             inputs = pv.update_inputs(N, C, device=dev)
+            cold = {}  # (provider, op) -> callable: the per-call rows
+            groups = []
             for prov in provs:
                 grp = pv.make_update_group(prov, C, device=dev)
+                groups.append(grp)
                 upd, fwd, state_only, upd_result = forward_calls(prov, grp, inputs)
                 fns = {"group_update": upd, "group_forward": fwd}
+                cold[(prov, "group_update")], cold[(prov, "group_forward")] = upd, fwd
                 if state_only is not None:
                     fns["group_forward_state"] = state_only
                     fns["group_update_result"] = upd_result
                 times = interleaved(fns, rounds, min_s, sync)
-                for op, ts in times.items():
-                    st = harness.stats(ts)
-                    rows.append(harness.row(BENCH, op=op, provider=prov, shape=f"C={C},N={N}", dtype="float32",
-                                            device=dev.type, stats=st))
+                add_rows(times, prov, C, N)
                 ratio = lambda op: statistics.median(f / u for f, u in zip(times[op], times["group_update"]))  # noqa: E731
                 extra = (f", state only {ratio('group_forward_state'):.2f}x, update + result from Python "
                          f"{ratio('group_update_result'):.2f}x" if "group_forward_state" in times else "")
                 print(f"{BENCH}: C={C:<5d} N={N:<6d} {prov:<18s} update {statistics.median(times['group_update']) * 1e6:9.1f} us"
                       f"  forward {statistics.median(times['group_forward']) * 1e6:9.1f} us  "
                       f"forward/update {ratio('group_forward'):.2f}x{extra}", flush=True)
-                del grp
+            # each call alone, after the other contenders' calls and a 1 MiB write (as --hostcost): the caches
+            # as a training step leaves them, not warmed by a loop of the same call
+            per = hostcost_interleaved(cold, percall, dev)
+            for prov in provs:
+                add_rows({op: st for (p, op), st in per.items() if p == prov}, prov, C, N, "_percall")
+                u, f = per[(prov, "group_update")].p50, per[(prov, "group_forward")].p50
+                print(f"{BENCH}: C={C:<5d} N={N:<6d} {prov:<18s} per call: update {u * 1e6:9.1f} us  "
+                      f"forward {f * 1e6:9.1f} us  forward/update {f / u:.2f}x", flush=True)
+            del groups, cold
     harness.write_csv(a.out, rows)
     print(f"{BENCH}: wrote {a.out} ({len(rows)} rows)")
     if not a.tiny:

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 import torch
 
@@ -83,6 +84,17 @@ def _not_taken(metric, args: tuple, kwargs: dict) -> bool:
 #: ``storage.compiled[id(metric)]``'s runner (by its ``handle``) outside a
 #: group's routing, ``storage.dirty = True`` when a signature ran.
 fast_update = _extension.host_function("fast_update") or _not_taken
+
+
+def _no_shortcut(owner, args: tuple, kwargs: dict):
+    return None
+
+
+#: ``fast_forward(owner, args, kwargs) -> dict | None``: a forward in its
+#: steady state in C++ (csrc/cpu/plan_runner.cpp): the ``ForwardShortcut``
+#: the previous one-call forward of the same input names left in the
+#: owner's compiled entry, checked and run; None: not taken.
+fast_forward = _extension.host_function("fast_forward") or _no_shortcut
 
 
 def _check(v):
@@ -134,18 +146,35 @@ class Runner:
     arguments and the statistics the plan updates (``PlanRunner.run``
     returns the index of the signature it ran)."""
 
-    __slots__ = ("views", "runner", "handle", "adds", "stats", "scratch", "forward")
+    __slots__ = ("views", "runner", "handle", "adds", "stats", "scratch", "forward", "shortcuts")
 
     def __init__(self, views: list):
         self.views, self.runner, self.adds, self.stats = views, runner_class()(), [], []
         self.handle = self.runner.handle()  # the capsule through which _C.fast_update runs it
         self.scratch = None  # (signatures, scratch views, Runner or None): on_scratch's cache
         self.forward = None  # the owner plan a scratch runner's PlanRunner.forward was set up with (set_forward)
+        self.shortcuts = {}  # frozenset of input names -> ForwardShortcut (fast_forward): the owner's forwards
 
     def add(self, spec: tuple, stats) -> None:
         self.runner.add(*spec)
         self.adds.append(spec)
         self.stats.append(stats)
+
+
+class ForwardShortcut(NamedTuple):
+    """What a one-call forward (``fused_forward``) needs again when nothing
+    has changed since the last, kept in the owner's compiled entry
+    (``Runner.shortcuts``): ``fast_forward`` runs it after checking that the
+    entry is on the local views, no forward runs, ``storage.scratch_dirty
+    is dirty`` (the scratch as that forward left it) and the owner's fused
+    ``plan`` is the same. A tuple: the C++ reads its fields by position."""
+
+    dirty: Any  # the FoldRanges that forward left: its ``reset`` is the next forward's
+    reset: list
+    plan: Any
+    handle: Any  # the scratch runner's capsule
+    select: list  # [(output key, value index)]
+    all_dirty: Any  # the FoldRanges of every statistic: set when the call raises
 
 
 def on_scratch(storage, entry: Runner) -> Runner | None:

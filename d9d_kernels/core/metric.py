@@ -50,10 +50,13 @@ from typing import Any, Callable
 import torch
 
 from d9d_kernels.core import sync
+from d9d_kernels.core.compiled import fast_forward as _fast_forward
 from d9d_kernels.core.device import resolve_device
 from d9d_kernels.core.plan import planned
 from d9d_kernels.core.statistic import MAX, SUM, Slot, Statistic
 from d9d_kernels.core.storage import Layout, Storage, numel
+
+_compiling = torch.compiler.is_compiling
 
 __all__ = ["Metric", "NAN_STRATEGIES", "HostValues"]
 
@@ -496,6 +499,10 @@ class Metric(metaclass=_MetricMeta):
             >>> m(torch.tensor([1.0, 2.0])).item(), m(torch.tensor([4.0])).item(), m.compute().item()
             (3.0, 4.0, 7.0)
         """
+        if not _compiling():
+            vals = _fast_forward(self, args, kwargs)  # as the last forward of these inputs: one C++ call
+            if vals is not None:
+                return vals[""]
         if self._forward_on_state:
             self.update(*args, **kwargs)
             return self._batch_value()

@@ -19,6 +19,7 @@ import torchmetrics.text
 
 import d9d_kernels as dk
 import d9d_kernels.metrics  # noqa: F401  (fills core.metric.FUSED, read by the one-call forward tests)
+from d9d_kernels.core import compiled
 from d9d_kernels.core.plan import Plan
 from tests.metrics._catalogue_utils import _one_thread  # noqa: F401
 
@@ -248,6 +249,32 @@ def _equal_nan(a: torch.Tensor, b: torch.Tensor) -> bool:
         torch.equal(torch.isnan(a), torch.isnan(b))
 
 
+def _count_steady_state(monkeypatch, record):
+    """Calls ``record(owner)`` for each forward the C++ steady state
+    (``compiled.fast_forward``, on the shortcut the last one-call forward of
+    the same inputs left) ran; the one call's first time per input names
+    goes through ``FUSED["forward"]``, which the tests count themselves."""
+    from d9d_kernels.core import group, metric
+
+    fast = compiled.fast_forward
+
+    def counted(owner, args, kwargs):
+        r = fast(owner, args, kwargs)
+        if r is not None:
+            record(owner)
+        return r
+
+    monkeypatch.setattr(group, "_fast_forward", counted)
+    monkeypatch.setattr(metric, "_fast_forward", counted)
+
+
+def _no_steady_state(monkeypatch):
+    from d9d_kernels.core import group, metric
+
+    monkeypatch.setattr(group, "_fast_forward", lambda *a: None)
+    monkeypatch.setattr(metric, "_fast_forward", lambda *a: None)
+
+
 @pytest.mark.parametrize("native", [True, False], ids=["scratch_ranges", "torch ops"])
 @pytest.mark.parametrize("strategy", ["propagate", "ignore"])
 def test_forward_state_equals_update_state_with_nan_inf_and_unset_pivots(strategy, native, monkeypatch):
@@ -341,6 +368,8 @@ def test_forward_in_one_call_equals_the_python_steps(strategy, monkeypatch):
             ran.append((kappa, type(a[0]).__name__))
         return r
 
+    _count_steady_state(monkeypatch, lambda owner: ran.append((kappa, type(owner).__name__)))
+
     def make(kappa):
         ms = {"loss": dk.WeightedMeanMetric(), "acc": dk.Accuracy(**kw), "top2": dk.Accuracy(**kw, top_k=2),
               "f1": dk.F1Score(**kw, average="macro"), "cm": dk.ConfusionMatrix(**kw), "mx": dk.MaxMetric()}
@@ -407,6 +436,8 @@ def test_one_call_forward_of_a_large_sparse_confusion_matrix(monkeypatch):
             took.append(type(a[0]).__name__)
         return r
 
+    _count_steady_state(monkeypatch, lambda owner: took.append(type(owner).__name__))
+
     def make():
         return dk.MetricGroup({"cm": dk.ConfusionMatrix(**kw), "acc": dk.Accuracy(**kw), "loss": dk.WeightedMeanMetric()})
 
@@ -440,9 +471,10 @@ def test_one_call_forward_of_a_large_sparse_confusion_matrix(monkeypatch):
     assert took.count("MetricGroup") >= 3 and took.count("WeightedMeanMetric") >= 4, took
 
 
-def test_forward_in_one_call_that_raises_leaves_the_state_and_resets_every_range():
+def test_forward_in_one_call_that_raises_leaves_the_state_and_resets_every_range(monkeypatch):
     """An error inside PlanRunner.forward (after its scratch writes) leaves
     the state as it was, and the next forward resets every scratch range."""
+    _no_steady_state(monkeypatch)  # the runner is replaced below; the steady state reaches it by its capsule
     kw = dict(task="multiclass", num_classes=C)
     make = lambda: dk.MetricGroup({"acc": dk.Accuracy(**kw), "cm": dk.ConfusionMatrix(**kw)})  # noqa: E731
     g, twin = make(), make()
@@ -473,6 +505,114 @@ def test_forward_in_one_call_that_raises_leaves_the_state_and_resets_every_range
     for k in want:
         assert torch.equal(got[k], want[k]), k
     assert all(torch.equal(st.local[k], twin._storage.local[k]) for k in before)
+
+
+def test_forward_steady_state_runs_only_on_a_valid_shortcut(monkeypatch):
+    """compiled.fast_forward (a forward in one C++ call on the shortcut the
+    last one-call forward of the same input names left) gives the Python
+    steps' values and state bits; it returns None with the state and the
+    scratch untouched for other input names, inside a forward, after a
+    Python-path forward of a member moved the scratch on, with a new fused
+    plan, after .to() dropped the runners, and for an unmatched signature;
+    an error inside it leaves the state and marks every scratch range for
+    reset; its argument errors are TypeError."""
+    if compiled.fast_forward is compiled._no_shortcut:
+        pytest.skip("extension without fast_forward")
+    from d9d_kernels.core.metric import FUSED
+
+    kw = dict(task="multiclass", num_classes=C)
+    make = lambda: dk.MetricGroup({"acc": dk.Accuracy(**kw), "cm": dk.ConfusionMatrix(**kw),  # noqa: E731
+                                   "loss": dk.WeightedMeanMetric()})
+    g, twin = make(), make()
+    gen = torch.Generator().manual_seed(11)
+
+    def batch(n=13):
+        return dict(preds=torch.randn(n, C, generator=gen), target=torch.randint(0, C, (n,), generator=gen))
+
+    def python_steps(b):  # the twin's forward, never the one call
+        monkeypatch.setitem(FUSED, "forward", lambda *a: None)
+        try:
+            return twin(**b)
+        finally:
+            monkeypatch.undo()
+
+    def same_state():
+        return all(_equal_nan(g._storage.local[k], twin._storage.local[k]) for k in g._storage.local)
+
+    for _ in range(2):  # the first forward runs the Python steps, the second the one call: it leaves the shortcut
+        b = batch()
+        g(**b), python_steps(b)
+    st = g._storage
+    cut = st.compiled[id(g)].shortcuts[frozenset(b)]
+    assert isinstance(cut, compiled.ForwardShortcut) and cut.dirty is st.scratch_dirty
+
+    b = batch()
+    st.dirty = False
+    got, want = compiled.fast_forward(g, (), b), python_steps(b)
+    assert st.dirty is True and list(got) == list(want) == ["acc", "cm"]
+    assert all(torch.equal(got[k], want[k]) for k in want) and same_state()
+
+    def not_taken(owner, args, kwargs):
+        st = owner._storage
+        local = {k: v.clone() for k, v in st.local.items()}
+        scratch = {k: v.clone() for k, v in (st.scratch or {}).items()}
+        assert compiled.fast_forward(owner, args, kwargs) is None
+        assert all(_equal_nan(st.local[k], local[k]) for k in local)
+        assert all(_equal_nan(st.scratch[k], scratch[k]) for k in scratch)
+
+    b = batch()
+    not_taken(g, (), dict(preds=b["preds"]))  # other input names: no shortcut
+    not_taken(g, (), dict(b, preds=b["preds"].double()))  # no signature matches
+    st.forward_begin()  # a forward runs
+    try:
+        not_taken(g, (), b)
+    finally:
+        st.forward_end(fold=False)
+    plan = g.__dict__["_fused_plan"]
+    g.__dict__["_fused_plan"] = object()  # a new fused plan
+    try:
+        not_taken(g, (), b)
+    finally:
+        g.__dict__["_fused_plan"] = plan
+    got, want = g(**b), python_steps(b)  # still valid: the steady state
+    assert all(torch.equal(got[k], want[k]) for k in want) and same_state()
+
+    # a member's forward through the Python steps moves the scratch on
+    x = torch.randn(5, generator=gen)
+    monkeypatch.setitem(FUSED, "forward", lambda *a: None)
+    _no_steady_state(monkeypatch)
+    g["loss"](x), twin["loss"](x)
+    monkeypatch.undo()
+    b = batch()
+    not_taken(g, (), b)
+    got, want = g(**b), python_steps(b)
+    assert all(torch.equal(got[k], want[k]) for k in want) and same_state()
+
+    # an error inside the call: nothing folded, every range reset by the next forward
+    b = batch()
+    g(**b), python_steps(b)  # the shortcut again
+    shortcuts = st.compiled[id(g)].shortcuts
+    cut = shortcuts[frozenset(b)]
+    shortcuts[frozenset(b)] = cut._replace(select=[("acc", 99)])
+    local = {k: v.clone() for k, v in st.local.items()}
+    with pytest.raises(RuntimeError, match="value index 99 outside"):
+        compiled.fast_forward(g, (), b)
+    assert all(_equal_nan(st.local[k], local[k]) for k in local) and st.scratch_dirty is cut.all_dirty
+    b = batch()
+    got, want = g(**b), python_steps(b)
+    assert all(torch.equal(got[k], want[k]) for k in want) and same_state()
+
+    for m in (g, twin):  # .to() drops the runners: not taken until a one call leaves a new shortcut
+        m.to("cpu")
+    not_taken(g, (), b)
+    for _ in range(3):
+        b = batch()
+        got, want = g(**b), python_steps(b)
+        assert all(torch.equal(got[k], want[k]) for k in want) and same_state()
+    with pytest.raises(TypeError, match="fast_forward"):
+        compiled.fast_forward(g, [], b)
+    with pytest.raises(TypeError, match="fast_forward"):
+        compiled.fast_forward(g, ())
 
 
 def test_forward_interleaved_with_update_planned_and_no_new_allocation():
@@ -586,6 +726,7 @@ def test_forward_in_one_call_returns_the_routed_members_under_their_keys(monkeyp
         calls.append(r is not None)
         return r
 
+    _count_steady_state(monkeypatch, lambda owner: calls.append(True))
     gen = torch.Generator().manual_seed(5)
     for step in range(4):
         p, t = torch.randn(11, C, generator=gen), torch.randint(0, C, (11,), generator=gen)

@@ -564,16 +564,18 @@ def fused_forward(owner, args: tuple, kwargs: dict, keys) -> dict | None:
             [(k, native[n]) for k, n in keys.pairs] if keys.names <= plan.native_index else False)
     if select is False:
         return None
+    every = st._fold_ranges(frozenset(range(len(st.layout.stats))))
     try:
         vals = s.runner.forward(args, kwargs, dirty.reset, select)
     except BaseException:
-        # the reset ran and some ops may have written: the next forward resets every range
-        st.scratch_dirty = st._fold_ranges(frozenset(range(len(st.layout.stats))))
+        st.scratch_dirty = every  # the reset ran and some ops may have written: the next forward resets every range
         raise
     if vals is None:
         return None
-    st.scratch_dirty = st._fold_ranges(frozenset())  # the call reset what it folded: the REPLICA copy is left
+    clean = st.scratch_dirty = st._fold_ranges(frozenset())  # the call reset what it folded: the REPLICA copy is left
     st.dirty = True
+    # the next forward of these input names, if nothing changes meanwhile: compiled.fast_forward
+    entry.shortcuts[frozenset(kwargs or ())] = compiled.ForwardShortcut(clean, clean.reset, plan, s.handle, select, every)
     return vals
 
 
