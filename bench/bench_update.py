@@ -196,8 +196,10 @@ def interleaved(fns: dict, rounds: int, min_repeat_s: float, sync=None) -> dict:
     return times
 
 
-#: rounds of the per-call forward rows (each round calls every contender once)
+#: rounds of the per-call forward rows (each round calls every contender once), at most; fewer
+#: (down to PERCALL_MIN_ROUNDS) where a round would take longer than PERCALL_BUDGET_S / rounds
 PERCALL_ROUNDS = {"full": 60, "quick": 20, "tiny": 2}
+PERCALL_MIN_ROUNDS, PERCALL_BUDGET_S = 7, 20.0
 
 
 def main_forward(a) -> int:
@@ -217,7 +219,7 @@ def main_forward(a) -> int:
         for N in a.batches:
             inputs = pv.update_inputs(N, C, device=dev)
             cold = {}  # (provider, op) -> callable: the per-call rows
-            groups = []
+            groups, one_round = [], 0.0  # one_round: seconds of one call of each of them
             for prov in provs:
                 grp = pv.make_update_group(prov, C, device=dev)
                 groups.append(grp)
@@ -229,6 +231,7 @@ def main_forward(a) -> int:
                     fns["group_update_result"] = upd_result
                 times = interleaved(fns, rounds, min_s, sync)
                 add_rows(times, prov, C, N)
+                one_round += statistics.median(times["group_update"]) + statistics.median(times["group_forward"])
                 ratio = lambda op: statistics.median(f / u for f, u in zip(times[op], times["group_update"]))  # noqa: E731
                 extra = (f", state only {ratio('group_forward_state'):.2f}x, update + result from Python "
                          f"{ratio('group_update_result'):.2f}x" if "group_forward_state" in times else "")
@@ -237,7 +240,8 @@ def main_forward(a) -> int:
                       f"forward/update {ratio('group_forward'):.2f}x{extra}", flush=True)
             # each call alone, after the other contenders' calls and a 1 MiB write (as --hostcost): the caches
             # as a training step leaves them, not warmed by a loop of the same call
-            per = hostcost_interleaved(cold, percall, dev)
+            n_rounds = max(min(percall, PERCALL_MIN_ROUNDS), min(percall, int(PERCALL_BUDGET_S / max(one_round, 1e-9))))
+            per = hostcost_interleaved(cold, n_rounds, dev)
             for prov in provs:
                 add_rows({op: st for (p, op), st in per.items() if p == prov}, prov, C, N, "_percall")
                 u, f = per[(prov, "group_update")].p50, per[(prov, "group_forward")].p50
