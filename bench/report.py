@@ -318,13 +318,14 @@ HOST_OPS = (("host_update_hot", "hot"), ("host_update_interleaved", "interleaved
 
 def hostcost_section(rows, targets: list, gpu: str | None = None) -> list[str]:
     """bench_update_hostcost[_cuda].csv: one training step's metric update, hot and interleaved;
-    ``gpu``: the GPU it ran on (None: CPU; on a GPU the times are the host's, launches included)."""
+    ``gpu``: the GPU it ran on (None: CPU; on a GPU the times run to a synchronize: launches and kernels)."""
     idx = _index(rows, lambda r: (r["op"], r["provider"], r["_shape"].get("weights", "-")))
     shape = rows[0]["shape"].rsplit(",", 1)[0] if rows else ""
     bench = "host cost (GPU)" if gpu else "host cost"
     lines = [f"## Host cost of one step's metric update{' on the GPU' if gpu else ''} "
              "(`bench/bench_update.py`, host-cost section)", "",
-             (f"On {gpu}: host time per step with the inputs on the GPU (launches included, no synchronisation). "
+             (f"On {gpu}: wall time per step with the inputs on the GPU, up to a `torch.cuda.synchronize()` "
+              "(interleaved: after each call; hot: after each loop of calls), so launches and kernels are included. "
               if gpu else "") + f"{shape}: loss weighted mean (weights = the token count, a Python number or a 0-d tensor) + "
              "accuracy + top-5 + macro F1/precision/recall + confusion matrix. Hot: each contender in its own "
              "loop. Interleaved: every contender once per round in a random order (as inside a training loop, "
