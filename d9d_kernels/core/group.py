@@ -208,12 +208,12 @@ class MetricGroup(_GroupBase):
         ``{key: value on this batch}`` for the members the inputs were routed
         to (keys with prefix/postfix). One kernel call per merged statistic;
         local to this rank (no sync). See ``Metric.forward``."""
-        if not args and not _compiling():
+        if args:
+            inputs = self._name_positional(args, inputs)
+        if not _compiling():
             vals = _fast_forward(self, (), inputs)  # as the last forward of these inputs: one C++ call
             if vals is not None:
                 return vals
-        if args:
-            inputs = self._name_positional(args, inputs)
         st = self._storage
         key = frozenset(inputs)
         hit = self._forward_cache.get(key)

@@ -249,23 +249,31 @@ def _equal_nan(a: torch.Tensor, b: torch.Tensor) -> bool:
         torch.equal(torch.isnan(a), torch.isnan(b))
 
 
-def _count_steady_state(monkeypatch, record):
-    """Calls ``record(owner)`` for each forward the C++ steady state
-    (``compiled.fast_forward``, on the shortcut the last one-call forward of
-    the same inputs left) ran; the one call's first time per input names
-    goes through ``FUSED["forward"]``, which the tests count themselves."""
+def _count_one_calls(monkeypatch, record):
+    """Returns ``FUSED["forward"]`` wrapped to call ``record(owner, took)``
+    after each call (``took``: it ran the one call), for the test to install
+    where it wants the one call; and counts the C++ steady state
+    (``compiled.fast_forward``, tried first, on the shortcut the last one call
+    of the same input names left) the same way wherever it ran."""
     from d9d_kernels.core import group, metric
+    from d9d_kernels.core.metric import FUSED
 
-    fast = compiled.fast_forward
+    one_call, fast = FUSED["forward"], compiled.fast_forward
 
-    def counted(owner, args, kwargs):
-        r = fast(owner, args, kwargs)
-        if r is not None:
-            record(owner)
+    def first(*a):
+        r = one_call(*a)
+        record(a[0], r is not None)
         return r
 
-    monkeypatch.setattr(group, "_fast_forward", counted)
-    monkeypatch.setattr(metric, "_fast_forward", counted)
+    def steady(owner, args, kwargs):
+        r = fast(owner, args, kwargs)
+        if r is not None:
+            record(owner, True)
+        return r
+
+    monkeypatch.setattr(group, "_fast_forward", steady)
+    monkeypatch.setattr(metric, "_fast_forward", steady)
+    return first
 
 
 def _no_steady_state(monkeypatch):
@@ -360,15 +368,7 @@ def test_forward_in_one_call_equals_the_python_steps(strategy, monkeypatch):
 
     kw = dict(task="multiclass", num_classes=C, nan_strategy=strategy)
     ran = []  # (kappa, owner class) of each forward that took the one call
-    one_call = FUSED["forward"]
-
-    def counted(*a):
-        r = one_call(*a)
-        if r is not None:
-            ran.append((kappa, type(a[0]).__name__))
-        return r
-
-    _count_steady_state(monkeypatch, lambda owner: ran.append((kappa, type(owner).__name__)))
+    counted = _count_one_calls(monkeypatch, lambda owner, took: took and ran.append((kappa, type(owner).__name__)))
 
     def make(kappa):
         ms = {"loss": dk.WeightedMeanMetric(), "acc": dk.Accuracy(**kw), "top2": dk.Accuracy(**kw, top_k=2),
@@ -428,15 +428,8 @@ def test_one_call_forward_of_a_large_sparse_confusion_matrix(monkeypatch):
 
     K = 100  # a 10 000-cell matrix: a batch of 5 rows leaves most 64-cell blocks at zero
     kw = dict(task="multiclass", num_classes=K)
-    one_call, took = FUSED["forward"], []
-
-    def counted(*a):
-        r = one_call(*a)
-        if r is not None:
-            took.append(type(a[0]).__name__)
-        return r
-
-    _count_steady_state(monkeypatch, lambda owner: took.append(type(owner).__name__))
+    took = []  # owner class of each forward that took the one call
+    counted = _count_one_calls(monkeypatch, lambda owner, ran: ran and took.append(type(owner).__name__))
 
     def make():
         return dk.MetricGroup({"cm": dk.ConfusionMatrix(**kw), "acc": dk.Accuracy(**kw), "loss": dk.WeightedMeanMetric()})
@@ -510,7 +503,7 @@ def test_forward_in_one_call_that_raises_leaves_the_state_and_resets_every_range
 def test_forward_steady_state_runs_only_on_a_valid_shortcut(monkeypatch):
     """compiled.fast_forward (a forward in one C++ call on the shortcut the
     last one-call forward of the same input names left) gives the Python
-    steps' values and state bits; it returns None with the state and the
+    steps' values and state bits, for a group's positional inputs too; it returns None with the state and the
     scratch untouched for other input names, inside a forward, after a
     Python-path forward of a member moved the scratch on, with a new fused
     plan, after .to() dropped the runners, and for an unmatched signature;
@@ -529,7 +522,7 @@ def test_forward_steady_state_runs_only_on_a_valid_shortcut(monkeypatch):
     def batch(n=13):
         return dict(preds=torch.randn(n, C, generator=gen), target=torch.randint(0, C, (n,), generator=gen))
 
-    def python_steps(b):  # the twin's forward, never the one call
+    def python_steps(b, twin=twin):  # the twin's forward, never the one call
         monkeypatch.setitem(FUSED, "forward", lambda *a: None)
         try:
             return twin(**b)
@@ -551,6 +544,17 @@ def test_forward_steady_state_runs_only_on_a_valid_shortcut(monkeypatch):
     got, want = compiled.fast_forward(g, (), b), python_steps(b)
     assert st.dirty is True and list(got) == list(want) == ["acc", "cm"]
     assert all(torch.equal(got[k], want[k]) for k in want) and same_state()
+    # a group's positional inputs are named first, then take it too (from the third forward on)
+    pos, pos_twin = (dk.MetricGroup({"acc": dk.Accuracy(**kw), "cm": dk.ConfusionMatrix(**kw)}) for _ in range(2))
+    with pytest.MonkeyPatch.context() as mp:
+        took = []
+        _count_one_calls(mp, lambda owner, ran: ran and took.append(owner))
+        for _ in range(3):
+            b = batch()
+            got, want = pos(b["preds"], b["target"]), python_steps(b, pos_twin)
+            assert all(torch.equal(got[k], want[k]) for k in want)
+    assert took == [pos]
+    assert all(_equal_nan(pos._storage.local[k], pos_twin._storage.local[k]) for k in pos._storage.local)
 
     def not_taken(owner, args, kwargs):
         st = owner._storage
@@ -719,14 +723,8 @@ def test_forward_in_one_call_returns_the_routed_members_under_their_keys(monkeyp
     make = lambda: dk.MetricGroup({"loss": dk.WeightedMeanMetric(), "acc": dk.Accuracy(**kw),  # noqa: E731
                                    "cm": dk.ConfusionMatrix(**kw)}, prefix="train/", postfix="_b")
     fast, slow = make(), make()
-    one_call, calls = FUSED["forward"], []
-
-    def counted(*a):
-        r = one_call(*a)
-        calls.append(r is not None)
-        return r
-
-    _count_steady_state(monkeypatch, lambda owner: calls.append(True))
+    calls = []  # per forward of `fast`: whether it took the one call
+    counted = _count_one_calls(monkeypatch, lambda owner, took: calls.append(took))
     gen = torch.Generator().manual_seed(5)
     for step in range(4):
         p, t = torch.randn(11, C, generator=gen), torch.randint(0, C, (11,), generator=gen)
