@@ -24,7 +24,11 @@ known here: as many fresh float64 tensors in two dicts, on new
 zero-filled outputs of the result's size (one ``torch.zeros`` and one
 ``_C.scalar_views`` per dict; no value computed, the [C, C] matrix's bytes
 written once but not as a matrix view): how much of forward's cost is the
-result itself. The ``*_percall`` rows time each update and forward call
+result itself. ``group_update_views`` is the update followed by the same
+tensor objects and dicts as views of buffers made once (no allocation, no
+value, no arithmetic): the least any forward that returns fresh tensors
+adds to the update, the floor of the forward / update ratio at small N.
+The ``*_percall`` rows time each update, forward and (d9d) that floor call
 alone, the contenders of both libraries round-robin with a 1 MiB write
 between two calls (as ``--hostcost``): the caches as a training step leaves
 them, where the block rows above time loops of one call. Target: forward
@@ -133,8 +137,9 @@ def host_sync_check(g, inputs, out_csv, C, N) -> None:
 
 
 def forward_calls(prov: str, grp, inputs):
-    """(update, forward, forward without batch values, update + a result made from Python)
-    callables of one provider's group; the last two are None for torchmetrics."""
+    """(update, forward, forward without batch values, update + a result made from Python,
+    update + the result's tensor objects over kept buffers) callables of one provider's group;
+    the last three are None for torchmetrics."""
     logits, target, loss, n = inputs
     if prov == "d9d":
         from d9d_kernels import _C
@@ -160,13 +165,19 @@ def forward_calls(prov: str, grp, inputs):
             out = torch.zeros(n_out, dtype=f64)
             return views(torch.zeros(1, dtype=f64))[0], dict(zip(keys, views(out[:len(keys)])))
 
-        return (lambda: grp.update(*inputs)), fwd, state_only, update_result
+        one, kept = torch.zeros(1, dtype=f64), torch.zeros(len(keys), dtype=f64)
+
+        def update_views():  # the update, then forward's tensor objects and dicts, nothing allocated
+            grp.update(*inputs)
+            return views(one)[0], dict(zip(keys, views(kept)))
+
+        return (lambda: grp.update(*inputs)), fwd, state_only, update_result, update_views
     if prov in ("torchmetrics", "torchmetrics_fast"):
         def fwd():
             grp.loss(loss, n)
             return grp.col(logits, target)
 
-        return (lambda: grp.update(*inputs)), fwd, None, None
+        return (lambda: grp.update(*inputs)), fwd, None, None, None
     raise ValueError(f"--forward compares d9d and torchmetrics, not {prov}")
 
 
@@ -223,18 +234,20 @@ def main_forward(a) -> int:
             for prov in provs:
                 grp = pv.make_update_group(prov, C, device=dev)
                 groups.append(grp)
-                upd, fwd, state_only, upd_result = forward_calls(prov, grp, inputs)
+                upd, fwd, state_only, upd_result, upd_views = forward_calls(prov, grp, inputs)
                 fns = {"group_update": upd, "group_forward": fwd}
                 cold[(prov, "group_update")], cold[(prov, "group_forward")] = upd, fwd
                 if state_only is not None:
                     fns["group_forward_state"] = state_only
                     fns["group_update_result"] = upd_result
+                    fns["group_update_views"] = cold[(prov, "group_update_views")] = upd_views
                 times = interleaved(fns, rounds, min_s, sync)
                 add_rows(times, prov, C, N)
                 one_round += statistics.median(times["group_update"]) + statistics.median(times["group_forward"])
                 ratio = lambda op: statistics.median(f / u for f, u in zip(times[op], times["group_update"]))  # noqa: E731
                 extra = (f", state only {ratio('group_forward_state'):.2f}x, update + result from Python "
-                         f"{ratio('group_update_result'):.2f}x" if "group_forward_state" in times else "")
+                         f"{ratio('group_update_result'):.2f}x, update + result objects {ratio('group_update_views'):.2f}x"
+                         if "group_forward_state" in times else "")
                 print(f"{BENCH}: C={C:<5d} N={N:<6d} {prov:<18s} update {statistics.median(times['group_update']) * 1e6:9.1f} us"
                       f"  forward {statistics.median(times['group_forward']) * 1e6:9.1f} us  "
                       f"forward/update {ratio('group_forward'):.2f}x{extra}", flush=True)
@@ -245,8 +258,10 @@ def main_forward(a) -> int:
             for prov in provs:
                 add_rows({op: st for (p, op), st in per.items() if p == prov}, prov, C, N, "_percall")
                 u, f = per[(prov, "group_update")].p50, per[(prov, "group_forward")].p50
+                v = per.get((prov, "group_update_views"))
+                floor = f"  update + result objects {v.p50 / u:.2f}x" if v else ""
                 print(f"{BENCH}: C={C:<5d} N={N:<6d} {prov:<18s} per call: update {u * 1e6:9.1f} us  "
-                      f"forward {f * 1e6:9.1f} us  forward/update {f / u:.2f}x", flush=True)
+                      f"forward {f * 1e6:9.1f} us  forward/update {f / u:.2f}x{floor}", flush=True)
             del groups, cold
     harness.write_csv(a.out, rows)
     print(f"{BENCH}: wrote {a.out} ({len(rows)} rows)")
