@@ -129,49 +129,39 @@ def _plt():
     return plt
 
 
-def plot_update(rows, out: Path):
+def _plot_panels(rows, out: Path, panel: str, x: str, title: str, xlabel: str, ylabel: str, base2: bool = False):
+    """One log-log panel per value of the shape field ``panel``: a p50 line per
+    provider over the shape field ``x``, with its p20-p80 band."""
     plt = _plt()
-    Cs = sorted({r["_shape"]["C"] for r in rows})
-    fig, axes = plt.subplots(1, len(Cs), figsize=(6 * len(Cs), 4.5), squeeze=False)
-    for ax, C in zip(axes[0], Cs):
+    keys = sorted({r["_shape"][panel] for r in rows})
+    fig, axes = plt.subplots(1, len(keys), figsize=(6 * len(keys), 4.5), squeeze=False)
+    for ax, key in zip(axes[0], keys):
         by = defaultdict(list)
         for r in rows:
-            if r["_shape"]["C"] == C:
+            if r["_shape"][panel] == key:
                 by[r["provider"]].append(r)
         for prov, rs in by.items():
-            rs.sort(key=lambda r: r["_shape"]["N"])
-            x = [r["_shape"]["N"] for r in rs]
-            ax.plot(x, [r["_p50"] * 1e6 for r in rs], marker="o", label=LABEL.get(prov, prov))
-            ax.fill_between(x, [r["_p20"] * 1e6 for r in rs], [r["_p80"] * 1e6 for r in rs], alpha=0.2)
-        ax.set(xscale="log", yscale="log", xlabel="batch N", ylabel="update latency (µs, median)", title=f"group update, C={C}")
+            rs.sort(key=lambda r: r["_shape"][x])
+            xs = [r["_shape"][x] for r in rs]
+            ax.plot(xs, [r["_p50"] * 1e6 for r in rs], marker="o", label=LABEL.get(prov, prov))
+            ax.fill_between(xs, [r["_p20"] * 1e6 for r in rs], [r["_p80"] * 1e6 for r in rs], alpha=0.2)
+        ax.set(xscale="log", yscale="log", xlabel=xlabel, ylabel=ylabel, title=title.format(key))
+        if base2:
+            ax.set_xscale("log", base=2)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)
+
+
+def plot_update(rows, out: Path):
+    _plot_panels(rows, out, "C", "N", "group update, C={}", "batch N", "update latency (µs, median)")
 
 
 def plot_sync(rows, out: Path):
-    plt = _plt()
-    worlds = sorted({r["_shape"]["world"] for r in rows})
-    fig, axes = plt.subplots(1, len(worlds), figsize=(6 * len(worlds), 4.5), squeeze=False)
-    for ax, w in zip(axes[0], worlds):
-        by = defaultdict(list)
-        for r in rows:
-            if r["_shape"]["world"] == w:
-                by[r["provider"]].append(r)
-        for prov, rs in by.items():
-            rs.sort(key=lambda r: r["_shape"]["K"])
-            x = [r["_shape"]["K"] for r in rs]
-            ax.plot(x, [r["_p50"] * 1e6 for r in rs], marker="o", label=LABEL.get(prov, prov))
-            ax.fill_between(x, [r["_p20"] * 1e6 for r in rs], [r["_p80"] * 1e6 for r in rs], alpha=0.2)
-        ax.set(xscale="log", yscale="log", xlabel="metrics in the group (K)", ylabel="sync latency (µs, median)", title=f"gloo sync, world={w}")
-        ax.set_xscale("log", base=2)
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    _plot_panels(rows, out, "world", "K", "gloo sync, world={}", "metrics in the group (K)",
+                 "sync latency (µs, median)", base2=True)
 
 
 def plot_training(rows, out: Path):

@@ -35,13 +35,7 @@ __global__ void __launch_bounds__(kThreads) binary_kernel(Entries<T, TT> in, Wal
   uint32_t bad_target = 0, bad_pred = 0, c[4] = {0, 0, 0, 0}, d[4] = {0, 0, 0, 0};
   bool outside = false;
   for_each_entry<L1>(in, w, [&](int64_t j, double v, int64_t t, bool keep) {
-    if (!keep) return;
-    const int cause = binary_bad_cause(t, v);
-    if (cause >= 0) {
-      bad_target += cause == 0;
-      bad_pred += cause == 1;
-      return;
-    }
+    if (!keep || binary_count_bad(t, v, bad_target, bad_pred)) return;
     if (BOTH) {
       const int cp = binary_cell(is_positive(v, false, thr), t == 1);
       const int cl = binary_cell(is_positive(v, true, thr), t == 1);

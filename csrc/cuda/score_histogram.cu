@@ -39,13 +39,7 @@ __global__ void __launch_bounds__(kThreads) entries_kernel(Entries<T, TT> in, Wa
   const bool logits = logits_of(flag, logits_fixed);
   uint32_t bad_target = 0, bad_pred = 0;
   for_each_entry<L1>(in, w, [&](int64_t j, double v, int64_t t, bool keep) {
-    if (!keep) return;
-    const int cause = binary_bad_cause(t, v);
-    if (cause >= 0) {
-      bad_target += cause == 0;
-      bad_pred += cause == 1;
-      return;
-    }
+    if (!keep || binary_count_bad(t, v, bad_target, bad_pred)) return;
     count_bin(sh, hist, shared_hist, hist_slot(t == 1, j, bin_of(to_prob(v, logits), B), L, B));
   });
   if (shared_hist) counters_flush(sh, hist, slots);

@@ -13,6 +13,17 @@ D9D_HD inline int binary_bad_cause(int64_t target, double pred) {
   return is_finite(pred) ? -1 : 1;
 }
 
+// binary_bad_cause into a GPU thread's two register counters: adds a kept
+// entry that is not counted to its cause's and returns true; false (nothing
+// added) for an entry to count. Branch-free adds: the CPU loops keep the
+// branch on the cause, their counters live in memory.
+D9D_HD inline bool binary_count_bad(int64_t target, double pred, uint32_t& bad_target, uint32_t& bad_pred) {
+  const int cause = binary_bad_cause(target, pred);
+  bad_target += cause == 0;
+  bad_pred += cause == 1;
+  return cause >= 0;
+}
+
 // An entry (kept by mask / ignore_index) is counted iff this holds, else it is bad.
 D9D_HD inline bool binary_entry_ok(int64_t target, double pred) { return binary_bad_cause(target, pred) < 0; }
 

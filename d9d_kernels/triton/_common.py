@@ -136,3 +136,17 @@ def add_histogram(ptr, h, n, NB: tl.constexpr):
 @triton.jit
 def sigmoid(x):
     return 1.0 / (1.0 + tl.exp(-x))
+
+
+@triton.jit
+def rows_kept(t_ptr, m_ptr, rows, n, C, ignore, HAS_M: tl.constexpr, HAS_IGNORE: tl.constexpr):
+    """Per row index of ``rows``: its class target, kept (a row of the input, not
+    masked out, not ``ignore_index``) and 'target in [0, C)'."""
+    inb = rows < n
+    t = tl.load(t_ptr + rows, mask=inb, other=0)
+    keep = inb
+    if HAS_M:
+        keep = keep & (tl.load(m_ptr + rows, mask=inb, other=0) != 0)
+    if HAS_IGNORE:
+        keep = keep & (t != ignore)
+    return t, keep, (t >= 0) & (t < C)

@@ -35,24 +35,12 @@ import triton.language as tl
 
 from d9d_kernels.triton._common import (
     BLOCK, INTERPRETED, MAX_PROGRAMS, TILE, add_histogram, as_u8, finite, launch, pow2, programs, register,
+    rows_kept,
 )
 
 #: index preds: per-program histograms of the counts up to this many classes
 #: (and of the confusion matrix up to this many cells)
 INDEX_BINS = 1024
-
-
-@triton.jit
-def _rows_kept(t_ptr, m_ptr, rows, n, C, ignore, HAS_M: tl.constexpr, HAS_IGNORE: tl.constexpr):
-    """Target, rows kept by mask / ignore_index, and 'target in [0, C)'."""
-    inb = rows < n
-    t = tl.load(t_ptr + rows, mask=inb, other=0)
-    keep = inb
-    if HAS_M:
-        keep = keep & (tl.load(m_ptr + rows, mask=inb, other=0) != 0)
-    if HAS_IGNORE:
-        keep = keep & (t != ignore)
-    return t, keep, (t >= 0) & (t < C)
 
 
 @triton.jit
@@ -73,7 +61,7 @@ def _index_kernel(p_ptr, t_ptr, m_ptr, stats_ptr, confmat_ptr, extras_ptr, bad_p
         h_cm = tl.zeros([CM_NB], tl.int32)
     for start in range(tl.program_id(0).to(tl.int64) * BLOCK, n, tl.num_programs(0) * BLOCK):
         rows = start + tl.arange(0, BLOCK)
-        t, keep, t_in = _rows_kept(t_ptr, m_ptr, rows, n, C, ignore, HAS_M, HAS_IGNORE)
+        t, keep, t_in = rows_kept(t_ptr, m_ptr, rows, n, C, ignore, HAS_M, HAS_IGNORE)
         p = tl.load(p_ptr + rows, mask=rows < n, other=0)
         ok = keep & t_in & (p >= 0) & (p < C)
         # an index pred out of range is a label mistake too: every bad row goes to
@@ -144,7 +132,7 @@ def _scores_kernel(s_ptr, t_ptr, m_ptr, stats_ptr, confmat_ptr, extras_ptr, bad_
     for tile in range(tl.program_id(0), tl.cdiv(n, BLOCK_N), tl.num_programs(0)):
         rows = tl.arange(0, BLOCK_N).to(tl.int64) + tile * BLOCK_N
         inb = rows < n
-        t, keep, t_in = _rows_kept(t_ptr, m_ptr, rows, n, C, ignore, HAS_M, HAS_IGNORE)
+        t, keep, t_in = rows_kept(t_ptr, m_ptr, rows, n, C, ignore, HAS_M, HAS_IGNORE)
         bv = tl.full([BLOCK_N, KP], -float("inf"), CT)
         bi = tl.full([BLOCK_N, KP], BIG, tl.int64)
         n_bad = tl.zeros([BLOCK_N], tl.int32)

@@ -29,7 +29,7 @@ import triton.language as tl
 
 from d9d_kernels.reference import INPUT_AUTO
 from d9d_kernels.triton._common import (
-    MAX_PROGRAMS, TILE, add_histogram, as_u8, finite, launch, loadable, pow2, register,
+    MAX_PROGRAMS, TILE, add_histogram, as_u8, finite, launch, loadable, pow2, register, rows_kept,
 )
 from d9d_kernels.triton.binary_stats import grid_2d, load_tile, logit_flag, outside_kernel, tile_2d, to_prob
 
@@ -75,12 +75,7 @@ def _row_scan(p_ptr, t_ptr, m_ptr, rt, n, C, ignore, HAS_M: tl.constexpr, HAS_IG
     all preds finite), any pred outside [0, 1], and the softmax max / sum of exp (when SOFTMAX)."""
     rows = tl.arange(0, BLOCK_N).to(tl.int64) + rt * BLOCK_N
     inb = rows < n
-    t = tl.load(t_ptr + rows, mask=inb, other=0)
-    keep = inb
-    if HAS_M:
-        keep = keep & (tl.load(m_ptr + rows, mask=inb, other=0) != 0)
-    if HAS_IGNORE:
-        keep = keep & (t != ignore)
+    t, keep, t_in = rows_kept(t_ptr, m_ptr, rows, n, C, ignore, HAS_M, HAS_IGNORE)
     n_bad = tl.zeros([BLOCK_N], tl.int32)
     n_out = tl.zeros([BLOCK_N], tl.int32)
     mx = tl.full([BLOCK_N], -float("inf"), tl.float64)
@@ -97,7 +92,7 @@ def _row_scan(p_ptr, t_ptr, m_ptr, rt, n, C, ignore, HAS_M: tl.constexpr, HAS_IG
             safe = tl.where(new_mx == -float("inf"), 0.0, new_mx)
             se = se * tl.exp(mx - safe) + tl.sum(tl.exp(x - safe[:, None]), 1)
             mx = new_mx
-    good_t = keep & (t >= 0) & (t < C)
+    good_t = keep & t_in
     ok = good_t & (n_bad == 0)
     return rows, t, keep, good_t, ok, n_out > 0, mx, se
 

@@ -283,6 +283,24 @@ def _no_steady_state(monkeypatch):
     monkeypatch.setattr(metric, "_fast_forward", lambda *a: None)
 
 
+def _fast_and_slow_step(monkeypatch, counted, fast, slow, call, where) -> dict:
+    """``call(g, out)`` on ``fast`` (its forward may take the one call, counted)
+    and on its twin ``slow`` (never); asserts the outputs and the state bits
+    are equal, ``where`` naming the step in a failure. Returns fast's outputs."""
+    from d9d_kernels.core.metric import FUSED
+
+    got, want = {}, {}
+    for g, out in ((fast, got), (slow, want)):
+        monkeypatch.setitem(FUSED, "forward", counted if g is fast else (lambda *a: None))
+        call(g, out)
+    assert got.keys() == want.keys()
+    for k in want:
+        assert _equal_nan(got[k], want[k]), (*where, k)
+    for k in ("sum", "max", "replica"):  # replica: an unset pivot is NaN
+        assert _equal_nan(fast._storage.local[k], slow._storage.local[k]), (*where, k)
+    return got
+
+
 @pytest.mark.parametrize("native", [True, False], ids=["scratch_ranges", "torch ops"])
 @pytest.mark.parametrize("strategy", ["propagate", "ignore"])
 def test_forward_state_equals_update_state_with_nan_inf_and_unset_pivots(strategy, native, monkeypatch):
@@ -364,8 +382,6 @@ def test_forward_in_one_call_equals_the_python_steps(strategy, monkeypatch):
     NaN batch, the confusion matrix, a new input signature (its first call
     runs checked) and a member outside the group_values program (kappa: the
     group's forward keeps the Python steps)."""
-    from d9d_kernels.core.metric import FUSED
-
     kw = dict(task="multiclass", num_classes=C, nan_strategy=strategy)
     ran = []  # (kappa, owner class) of each forward that took the one call
     counted = _count_one_calls(monkeypatch, lambda owner, took: took and ran.append((kappa, type(owner).__name__)))
@@ -388,20 +404,16 @@ def test_forward_in_one_call_equals_the_python_steps(strategy, monkeypatch):
             t = torch.randint(0, C, (n,), generator=gen)
             x = torch.randn(n, generator=gen)
             w = 2.0 if step % 2 else torch.rand(n, generator=gen)
-            got, want = {}, {}
-            for g, out in ((fast, got), (slow, want)):
-                monkeypatch.setitem(FUSED, "forward", counted if g is fast else (lambda *a: None))
+
+            def call(g, out):
                 if step == 6:
                     g.update(preds=p, target=t)
                 else:
                     out.update(g(preds=p, target=t))
                 out["loss"] = g["loss"](x, weights=w)
                 out["mx"] = g["mx"](x)
-            assert got.keys() == want.keys()
-            for k in want:
-                assert _equal_nan(got[k], want[k]), (kappa, step, k)
-            for k in ("sum", "max", "replica"):
-                assert _equal_nan(fast._storage.local[k], slow._storage.local[k]), (kappa, step, k)
+
+            _fast_and_slow_step(monkeypatch, counted, fast, slow, call, (kappa, step))
         if strategy == "error":  # the NaN batch's count raises in both
             with pytest.raises(ValueError) as a:
                 fast.compute()
@@ -424,8 +436,6 @@ def test_one_call_forward_of_a_large_sparse_confusion_matrix(monkeypatch):
     between the two paths), and the matrices equal scikit-learn's."""
     from sklearn.metrics import confusion_matrix
 
-    from d9d_kernels.core.metric import FUSED
-
     K = 100  # a 10 000-cell matrix: a batch of 5 rows leaves most 64-cell blocks at zero
     kw = dict(task="multiclass", num_classes=K)
     took = []  # owner class of each forward that took the one call
@@ -443,9 +453,8 @@ def test_one_call_forward_of_a_large_sparse_confusion_matrix(monkeypatch):
         x = torch.randn(n, generator=gen)
         seen_t.append(t)
         seen_p.append(p.argmax(1))
-        got, want = {}, {}
-        for g, out in ((fast, got), (slow, want)):
-            monkeypatch.setitem(FUSED, "forward", counted if g is fast else (lambda *a: None))
+
+        def call(g, out):
             if step == 4:
                 g.update(preds=p, target=t)
             else:
@@ -453,11 +462,8 @@ def test_one_call_forward_of_a_large_sparse_confusion_matrix(monkeypatch):
                 ref = confusion_matrix(t.numpy(), p.argmax(1).numpy(), labels=list(range(K)))
                 np.testing.assert_array_equal(out["cm"].numpy(), ref)
             out["loss"] = g["loss"](x)
-        assert got.keys() == want.keys()
-        for k in want:
-            assert _equal_nan(got[k], want[k]), (step, k)
-        for k in ("sum", "max", "replica"):  # replica: an unset pivot is NaN
-            assert _equal_nan(fast._storage.local[k], slow._storage.local[k]), (step, k)
+
+        _fast_and_slow_step(monkeypatch, counted, fast, slow, call, (step,))
     ref = confusion_matrix(torch.cat(seen_t).numpy(), torch.cat(seen_p).numpy(), labels=list(range(K)))
     np.testing.assert_array_equal(fast.compute()["cm"].numpy(), ref)
     # after the first call of each of the 3 input signatures: the one call
