@@ -380,6 +380,19 @@ py::object handle_of(py::object runner) {
   return py::reinterpret_steal<py::object>(capsule);
 }
 
+// storage.compiled[id(owner)], the owner's compiled Runner (d9d_kernels/core/
+// compiled.py), as a new reference: fast_update's and fast_forward's first
+// lookup. Null with no Python error set when there is none; null with an
+// error set when a read failed.
+py::object compiled_entry(PyObject* storage, PyObject* owner) {
+  static PyObject* const s_compiled = PyUnicode_InternFromString("compiled");
+  const auto compiled = py::reinterpret_steal<py::object>(PyObject_GetAttr(storage, s_compiled));
+  const auto id = py::reinterpret_steal<py::object>(PyLong_FromVoidPtr(owner));  // id(owner)
+  if (!compiled || !id) return {};
+  return py::reinterpret_borrow<py::object>(
+      PyDict_Check(compiled.ptr()) ? PyDict_GetItemWithError(compiled.ptr(), id.ptr()) : nullptr);
+}
+
 // fast_update(metric, args, kwargs) -> bool: the planned wrapper's
 // (d9d_kernels/core/plan.py) compiled branch, the same reads in C API calls:
 // True when the owner's runner (storage.compiled[id(metric)], bound to the
@@ -392,7 +405,6 @@ py::object handle_of(py::object runner) {
 int fast_update_impl(PyObject* metric, PyObject* args, PyObject* kwargs) {
   static PyObject* const s_collector = PyUnicode_InternFromString("_collector");
   static PyObject* const s_storage = PyUnicode_InternFromString("_storage");
-  static PyObject* const s_compiled = PyUnicode_InternFromString("compiled");
   static PyObject* const s_local = PyUnicode_InternFromString("local_views");
   static PyObject* const s_views = PyUnicode_InternFromString("views");
   static PyObject* const s_handle = PyUnicode_InternFromString("handle");
@@ -403,14 +415,11 @@ int fast_update_impl(PyObject* metric, PyObject* args, PyObject* kwargs) {
   PyObject* collector = PyDict_GetItemWithError(d.ptr(), s_collector);  // borrowed
   PyObject* storage = collector == Py_None ? PyDict_GetItemWithError(d.ptr(), s_storage) : nullptr;
   if (storage == nullptr || storage == Py_None) return PyErr_Occurred() ? -1 : 0;
-  const py::object compiled = own(PyObject_GetAttr(storage, s_compiled));
-  const py::object key = own(PyLong_FromVoidPtr(metric));  // id(metric)
-  if (!compiled || !key) return -1;
-  PyObject* entry = PyDict_Check(compiled.ptr()) ? PyDict_GetItemWithError(compiled.ptr(), key.ptr()) : nullptr;
-  if (entry == nullptr) return PyErr_Occurred() ? -1 : 0;
-  const py::object views = own(PyObject_GetAttr(entry, s_views));
+  const py::object entry = compiled_entry(storage, metric);
+  if (!entry) return PyErr_Occurred() ? -1 : 0;
+  const py::object views = own(PyObject_GetAttr(entry.ptr(), s_views));
   const py::object local = own(PyObject_GetAttr(storage, s_local));
-  const py::object handle = own(PyObject_GetAttr(entry, s_handle));
+  const py::object handle = own(PyObject_GetAttr(entry.ptr(), s_handle));
   if (!views || !local || !handle) return -1;
   if (views.ptr() != local.ptr()) return 0;
   auto* b = static_cast<Bound*>(PyCapsule_GetPointer(handle.ptr(), kRunnerCapsule));  // TypeError if not one
@@ -453,7 +462,6 @@ enum : Py_ssize_t { kDirty, kReset, kPlan, kHandle, kSelect, kAllDirty, kSize };
 PyObject* fast_forward_impl(PyObject* owner, PyObject* args, PyObject* kwargs) {
   static PyObject* const s_storage = PyUnicode_InternFromString("_storage");
   static PyObject* const s_plan = PyUnicode_InternFromString("_fused_plan");
-  static PyObject* const s_compiled = PyUnicode_InternFromString("compiled");
   static PyObject* const s_shortcuts = PyUnicode_InternFromString("shortcuts");
   static PyObject* const s_views = PyUnicode_InternFromString("views");
   static PyObject* const s_local = PyUnicode_InternFromString("local_views");
@@ -468,12 +476,9 @@ PyObject* fast_forward_impl(PyObject* owner, PyObject* args, PyObject* kwargs) {
   const py::object storage_ref = py::reinterpret_borrow<py::object>(PyDict_GetItemWithError(d.ptr(), s_storage));
   PyObject* storage = storage_ref.ptr();
   if (storage == nullptr || storage == Py_None) return PyErr_Occurred() ? nullptr : none();
-  const py::object compiled = own(PyObject_GetAttr(storage, s_compiled));
-  const py::object id = own(PyLong_FromVoidPtr(owner));  // id(owner)
-  if (!compiled || !id) return nullptr;
-  PyObject* entry = PyDict_Check(compiled.ptr()) ? PyDict_GetItemWithError(compiled.ptr(), id.ptr()) : nullptr;
-  if (entry == nullptr) return PyErr_Occurred() ? nullptr : none();
-  const py::object table = own(PyObject_GetAttr(entry, s_shortcuts));
+  const py::object entry = compiled_entry(storage, owner);
+  if (!entry) return PyErr_Occurred() ? nullptr : none();
+  const py::object table = own(PyObject_GetAttr(entry.ptr(), s_shortcuts));
   const py::object key = own(PyFrozenSet_New(kwargs == Py_None ? nullptr : kwargs));
   if (!table || !key) return nullptr;
   const py::object sc_ref = py::reinterpret_borrow<py::object>(
@@ -485,7 +490,7 @@ PyObject* fast_forward_impl(PyObject* owner, PyObject* args, PyObject* kwargs) {
   if (PyDict_GetItemWithError(d.ptr(), s_plan) != PyTuple_GET_ITEM(sc, shortcut::kPlan)) {
     return PyErr_Occurred() ? nullptr : none();
   }
-  const py::object views = own(PyObject_GetAttr(entry, s_views));
+  const py::object views = own(PyObject_GetAttr(entry.ptr(), s_views));
   const py::object local = own(PyObject_GetAttr(storage, s_local));
   const py::object saved = own(PyObject_GetAttr(storage, s_saved));
   const py::object dirty = own(PyObject_GetAttr(storage, s_scratch_dirty));

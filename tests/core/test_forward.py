@@ -283,10 +283,10 @@ def _no_steady_state(monkeypatch):
     monkeypatch.setattr(metric, "_fast_forward", lambda *a: None)
 
 
-def _fast_and_slow_step(monkeypatch, counted, fast, slow, call, where) -> dict:
+def _fast_and_slow_step(monkeypatch, counted, fast, slow, call, where) -> None:
     """``call(g, out)`` on ``fast`` (its forward may take the one call, counted)
     and on its twin ``slow`` (never); asserts the outputs and the state bits
-    are equal, ``where`` naming the step in a failure. Returns fast's outputs."""
+    are equal, ``where`` naming the step in a failure."""
     from d9d_kernels.core.metric import FUSED
 
     got, want = {}, {}
@@ -298,7 +298,6 @@ def _fast_and_slow_step(monkeypatch, counted, fast, slow, call, where) -> dict:
         assert _equal_nan(got[k], want[k]), (*where, k)
     for k in ("sum", "max", "replica"):  # replica: an unset pivot is NaN
         assert _equal_nan(fast._storage.local[k], slow._storage.local[k]), (*where, k)
-    return got
 
 
 @pytest.mark.parametrize("native", [True, False], ids=["scratch_ranges", "torch ops"])
