@@ -318,10 +318,13 @@ void class_stats_cpu(const at::Tensor& preds_in, const at::Tensor& target, const
   const int64_t chunks = num_chunks(n, grain, slice * int64_t(sizeof(double)));
   std::vector<double> priv(chunks > 1 ? chunks * slice : 0, 0.0);
   std::vector<int64_t> cells(chunks > 1 && confmat.has_value() ? n : 0, int64_t(-1));
+  // The extras (NLL sums) are not integers: the batch's total is added to the state once, so the state
+  // is the same bits whether the update runs on it or on a zeroed scratch folded in after (forward).
+  double batch_extras[2] = {0.0, 0.0};
   auto out_of = [&](int64_t c) -> Out {
     if (chunks == 1) {
       return Out{stats.data_ptr<double>(), confmat.has_value() ? confmat->data_ptr<double>() : nullptr, nullptr,
-                 extras.data_ptr<double>(), bad.data_ptr<double>()};
+                 batch_extras, bad.data_ptr<double>()};
     }
     double* s = priv.data() + c * slice;
     return Out{s, nullptr, cells.empty() ? nullptr : cells.data(), s + n_stats, s + n_stats + 2};
@@ -348,7 +351,7 @@ void class_stats_cpu(const at::Tensor& preds_in, const at::Tensor& target, const
     });
   }
   if (chunks > 1) {
-    double* dst[3] = {stats.data_ptr<double>(), extras.data_ptr<double>(), bad.data_ptr<double>()};
+    double* dst[3] = {stats.data_ptr<double>(), batch_extras, bad.data_ptr<double>()};
     const int64_t len[3] = {n_stats, 2, 2};
     for (int64_t c = 0; c < chunks; ++c) {
       const double* s = priv.data() + c * slice;
@@ -364,6 +367,9 @@ void class_stats_cpu(const at::Tensor& preds_in, const at::Tensor& target, const
       }
     }
   }
+  double* ex = extras.data_ptr<double>();
+  ex[0] += batch_extras[0];
+  ex[1] += batch_extras[1];
 }
 
 }  // namespace

@@ -56,7 +56,7 @@ void one_range(int64_t kind, double* s, double* x, const double* i0, bool fold, 
   } else if (kind == kMax) {
     for (int64_t k = b; k < e; ++k) {
       const double u = s[k], v = x[k];
-      s[k] = u != u ? u : v != v ? v : u < v ? v : u;
+      s[k] = u != u ? u : v != v ? v : u > v ? u : v;  // nan_maximum (running_extrema.h): a tie takes the batch's
     }
   } else {
     std::memcpy(s + b, x + b, bytes);

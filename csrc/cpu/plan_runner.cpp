@@ -116,8 +116,15 @@ bool matches(PyObject* v, const Check& c) {
       return v == Py_None;
     case Kind::Float:
       return PyFloat_CheckExact(v);
-    case Kind::Int:
-      return PyLong_CheckExact(v);
+    case Kind::Int: {
+      // an int past the float64 range is not this signature: the checked update raises OverflowError
+      if (!PyLong_CheckExact(v)) return false;
+      if (PyLong_AsDouble(v) == -1.0 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return false;
+      }
+      return true;
+    }
     case Kind::Bool:
       return PyBool_Check(v);
     case Kind::Tensor: {

@@ -250,7 +250,7 @@ class Storage:
         self.recording: list | None = None
         self.scratch: dict[str, torch.Tensor] | None = None  # forward's batch state, allocated at the first forward
         self.scratch_views: list[dict[str, torch.Tensor]] | None = None
-        self.scratch_ptrs: set = set()  # the scratch buffers' data pointers (core.metric.detach_from)
+        self.scratch_bufs: tuple = ()  # the scratch buffers (core.metric.detach_from)
         self.scratch_states: dict = {}  # metric id -> its states on the scratch views (Metric._states)
         self.scratch_dirty: FoldRanges | None = None  # ranges the last forward wrote (re-filled at the next)
         self.saved_views: list | None = None  # local views while a forward runs on the scratch
@@ -320,13 +320,13 @@ class Storage:
                     "compute() instead"
                 ) from None
             self.scratch = sc
-            self.scratch_ptrs = {b.untyped_storage().data_ptr() for b in sc.values()}
+            self.scratch_bufs = tuple(sc.values())
             with torch.inference_mode(False):
                 self.scratch_views = [self.layout.views(sc, j) for j in range(len(self.layout.stats))]
             dirty = self._fold_ranges(frozenset())  # a fresh copy of the reset values: the REPLICA copy only
         else:
             dirty = self.scratch_dirty
-        if dirty.native:
+        if dirty.native and not torch.compiler.is_compiling():  # traced: the torch ops below
             _SCRATCH_RANGES(dirty.reset, False)
         else:
             for kind, _, scr, init in dirty.ranges:
@@ -358,14 +358,14 @@ class Storage:
         self.touched = None
         if not fold:
             return self.scratch_views
-        if ranges.native:
+        if ranges.native and not torch.compiler.is_compiling():
             _SCRATCH_RANGES(ranges.fold, True)
         else:
             for kind, loc, scr, init in ranges.ranges:
                 if kind == SUM:
                     loc.add_(scr if init is None else scr - init)  # non-zero reset values: the batch's part only
-                elif kind == MAX:
-                    torch.maximum(loc, scr, out=loc)
+                elif kind == MAX:  # the kernels' nan_maximum: NaN wins, a tie (+-0) takes the batch's
+                    loc.copy_(torch.where((loc > scr) | loc.isnan(), loc, scr))
                 else:
                     loc.copy_(scr)
         self.dirty = True
@@ -450,19 +450,30 @@ class Storage:
         new.handshakes = dict(self.handshakes)
         return new
 
+    def _reset_kinds(self) -> tuple[str, ...]:
+        """The kinds ``reset`` fills: REPLICA too (moment pivots re-picked
+        from the next data), unless a sync aligned them across ranks: those
+        stay, so the next sync needs no new alignment (one collective)."""
+        return (SUM, MAX) if "done" in self.handshakes.values() else KINDS
+
     def reset(self) -> None:
-        for k in (SUM, MAX):
+        for k in self._reset_kinds():
             self.local[k].copy_(self.init[k])
         self.synced = None
         self.synced_views = None
         self.dirty = False
+        self.discard_pending()
+
+    def discard_pending(self) -> None:
+        """The sync in flight, if any, publishes nothing at its wait: the local state was replaced."""
         if self.pending is not None:
             self.pending.discard = True
 
     def reset_stats(self, idxs) -> None:
+        kinds = self._reset_kinds()
         for j in idxs:
             for s, _ in self.layout.placed[j]:
-                if s.kind != REPLICA:
+                if s.kind in kinds:
                     self.local_views[j][s.name].fill_(s.init)
         self.dirty = True
 
@@ -520,3 +531,4 @@ class Storage:
         self.synced = None
         self.synced_views = None
         self.dirty = False
+        self.discard_pending()

@@ -7,7 +7,8 @@ CalibrationError's l1 / l2 / max binning the same confidences) look the
 pass up here, so a group runs it once per update. Weak references: a batch
 is never kept alive by the memo, and the value is dropped when an input
 dies (it may be as large as the batch); a new tensor or an in-place change
-of an input (``_version``) misses.
+of an input (``_version``) misses; inference tensors (no version counter)
+are never memoised.
 """
 
 from __future__ import annotations
@@ -43,7 +44,9 @@ class LastInputs:
         return None
 
     def put(self, tensors: tuple, key, value) -> None:
-        if torch.compiler.is_compiling():
+        # inference tensors have no version counter, so an in-place change could not be seen: no memo
+        if torch.compiler.is_compiling() or any(t is not None and t.is_inference() for t in tensors):
+            self._key, self._refs, self._value = None, (), None
             return
         self._key, self._value = key, value
         self._refs = tuple(None if t is None else (weakref.ref(t, self._drop), t._version) for t in tensors)

@@ -110,11 +110,11 @@ def test_reset_group_and_member():
     g["s"].reset()  # only the member's slots
     out = g.compute()
     assert out["s"].item() == 0.0 and out["m"].item() == 4.0 and out["mx"].item() == 5.0
-    pivots = g._storage.local["replica"].clone()
+    assert not torch.isnan(g._storage.local["replica"]).all()
     g.reset()
     out = g.compute()
     assert out["s"].item() == 0.0 and math.isnan(out["m"].item()) and out["mx"].item() == -math.inf
-    assert torch.equal(torch.nan_to_num(pivots), torch.nan_to_num(g._storage.local["replica"]))  # kept
+    assert torch.isnan(g._storage.local["replica"]).all()  # no sync aligned the pivots: the next data picks them
 
 
 def test_group_construction_errors():
