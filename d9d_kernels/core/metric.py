@@ -58,7 +58,7 @@ from d9d_kernels.core.storage import Layout, Storage, numel
 
 _compiling = torch.compiler.is_compiling
 
-__all__ = ["Metric", "NAN_STRATEGIES", "HostValues"]
+__all__ = ["Metric", "NAN_STRATEGIES", "HostValues", "host_checks", "poisoned"]
 
 NAN_STRATEGIES = ("propagate", "ignore", "error")
 _CUSTOM = "_custom"
@@ -227,9 +227,10 @@ class Metric(metaclass=_MetricMeta):
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
-        # every update gets the per-signature plan cache (d9d_kernels/core/plan.py)
+        # the library's updates get the per-signature plan cache (d9d_kernels/core/plan.py); a user
+        # subclass's update runs as written at every call (its super().update(...) is planned)
         fn = cls.__dict__.get("update")
-        if fn is not None and not getattr(fn, "_d9d_planned", False):
+        if fn is not None and not getattr(fn, "_d9d_planned", False) and cls.__module__.startswith("d9d_kernels."):
             cls.update = planned(fn)
         # metric(...) is the class's forward itself: no second frame that re-packs the keyword inputs
         if "forward" in cls.__dict__ and "__call__" not in cls.__dict__:
@@ -429,6 +430,14 @@ class Metric(metaclass=_MetricMeta):
         """Waits for the collectives of the last ``trigger_sync``."""
         sync.wait(self._storage)
 
+    def sync(self, dist_context=None) -> None:
+        """``trigger_sync(dist_context)`` then ``wait_sync(dist_context)``:
+        d9d's ``Metric.sync``. Stream-ordered, no host sync: on CUDA the
+        wait makes the current stream wait for the collective, so it is
+        correct on the side stream d9d's collector runs it on."""
+        self.trigger_sync(dist_context)
+        self.wait_sync(dist_context)
+
     def compute(self) -> torch.Tensor:
         """Synced value after ``wait_sync`` (until the next update), else local.
 
@@ -441,13 +450,14 @@ class Metric(metaclass=_MetricMeta):
 
     def _checked_compute(self, states):
         bad = self._bad_count(states)
-        if bad is not None:
+        if bad is not None and host_checks(self._storage.device):
             count = bad.item()
             if count != 0:
                 causes = self._bad_causes(states)
                 vals = torch.stack(list(causes.values())).tolist() if causes else []
                 self._raise_if_bad(count, dict(zip(causes, vals)))
-        return self._value_from(states, self._storage.current_buffers())
+        value = self._value_from(states, self._storage.current_buffers())
+        return value if bad is None or host_checks(self._storage.device) else poisoned(value, bad)
 
     def _fused_value(self, buffers):
         """This metric's value from ``buffers`` by the catalogue's fused formula
@@ -708,6 +718,26 @@ class _GroupBase(Metric):
     """Marker base for MetricGroup (defined in d9d_kernels.core.group)."""
 
 
+def host_checks(device: torch.device) -> bool:
+    """Whether ``compute()`` reads the bad-input counts on the host and
+    raises. On CPU state yes: the read waits for nothing. On a GPU never:
+    ``compute()`` makes no host sync (d9d's collector runs sync and compute
+    on a side stream so the host never waits); there a metric whose raising
+    count is non-zero computes NaN (``poisoned``), and the error with its
+    count is raised where the host reads values through the library:
+    ``compute_to_host().result()``, or ``bad_input_counts()``."""
+    return device.type == "cpu"
+
+
+def poisoned(value, count: torch.Tensor):
+    """``value`` where ``count`` is zero, else NaN: on the device, no host read."""
+    if isinstance(value, dict):
+        return {k: poisoned(v, count) for k, v in value.items()}
+    if not isinstance(value, torch.Tensor) or not value.is_floating_point():
+        return value
+    return torch.where(count == 0, value, torch.full_like(value, float("nan")))
+
+
 def routed_error(e: Exception, member: Metric, how: str | None) -> Exception:
     """``e`` re-made with the group member's label (and how the inputs got
     there: ``how``, or a direct ``.update``) in front of its message (same
@@ -806,16 +836,19 @@ def detach_from(value, st: Storage):
     scratch buffers cloned: the next forward overwrites the scratch."""
     if st.scratch is None:
         return value
-    ptrs = st.scratch_ptrs
+    bufs = st.scratch_bufs
     if isinstance(value, dict):
-        return {k: _detached(v, ptrs) for k, v in value.items()}
-    return _detached(value, ptrs)
+        return {k: _detached(v, bufs) for k, v in value.items()}
+    return _detached(value, bufs)
 
 
-def _detached(value, ptrs: set):
-    if isinstance(value, torch.Tensor) and value.untyped_storage().data_ptr() in ptrs:
+def _detached(value, bufs: tuple):
+    if not isinstance(value, torch.Tensor):
+        return value
+    if torch.compiler.is_compiling():  # a traced value's storage is unknown: always a copy
         return value.clone()
-    return value
+    base = value if value._base is None else value._base
+    return value.clone() if any(base is b for b in bufs) else value
 
 
 def _update_fn(metric: Metric) -> Callable:

@@ -304,12 +304,13 @@ class FusedPlan:
 def _plan(owner) -> FusedPlan:
     """The plan of a group (its members) or of a single metric (itself, named ``""``)."""
     st = owner._storage
-    key = (st.device, GV.group_values_ok(st.device))
+    # the layout is part of the key: a metric that joins a group keeps its slots at the group's offsets
+    key = (st.layout, st.device, GV.group_values_ok(st.device))
     d = owner.__dict__
     plan = d.get("_fused_plan")
     if plan is None or plan.key != key:
         members = owner._members if isinstance(owner, core_metric._GroupBase) else {"": owner}
-        plan = d["_fused_plan"] = FusedPlan(members, st.layout, native=key[1])
+        plan = d["_fused_plan"] = FusedPlan(members, st.layout, native=key[2])
         plan.key = key
         plan.host = bool(plan.native) and GV.host_compute_ok(st.device)
     return plan
@@ -400,28 +401,38 @@ def _single_bad(plan: FusedPlan) -> list:
 
 
 def fused_values(group) -> dict[str, torch.Tensor]:
-    """``{name: value}`` of every member, in member order; raises a member's
-    bad-input error when its count is non-zero (one host read for all)."""
+    """``{name: value}`` of every member, in member order. Bad-input counts
+    as ``core.metric.host_checks`` says: on CPU state one host read for all,
+    and a member's non-zero count raises its error; on a GPU no host read, and
+    that member's value is NaN."""
     plan = _plan(group)
     bufs = group._storage.current_buffers()
-    native = None
-    if plan.host:  # CPU: values and counts in one call
-        native, bad = _host_native(plan, bufs)
-    else:
+    if not core_metric.host_checks(group._storage.device):
+        vals = _values(plan, bufs)
         bad = _bad_counts(plan, bufs, causes=False)  # per member, the count that raises
-    single = _single_bad(plan)
-    if bad is not None or single:
-        counts = bad if isinstance(bad, list) else []  # the host call's counts are read already
-        parts = ([bad] if isinstance(bad, torch.Tensor) else []) + [c.reshape(1) for _, c in single]
-        if parts:  # one host read for the rest
-            counts = counts + (torch.cat(parts) if len(parts) > 1 else parts[0]).tolist()
-        if any(counts):  # NaN counts (impossible) are true too, and raise
-            ms = plan.checked_fused + [m for m, _ in single]
-            order = {id(m): i for i, m in enumerate(group._members.values())}
-            for m, v in sorted(zip(ms, counts), key=lambda t: order[id(t[0])]):
-                if v != 0:  # the first bad member (in member order) raises its own error, with its causes
-                    m._checked_compute(m._states())
-    vals = _values(plan, bufs, native)
+        if bad is not None:
+            names = {id(m): n for n, m in group._members.items()}
+            for m, c in zip(plan.checked_fused, bad.unbind(0)):
+                vals[names[id(m)]] = core_metric.poisoned(vals[names[id(m)]], c)
+    else:
+        native = None
+        if plan.host:  # CPU: values and counts in one call
+            native, bad = _host_native(plan, bufs)
+        else:
+            bad = _bad_counts(plan, bufs, causes=False)
+        single = _single_bad(plan)
+        if bad is not None or single:
+            counts = bad if isinstance(bad, list) else []  # the host call's counts are read already
+            parts = ([bad] if isinstance(bad, torch.Tensor) else []) + [c.reshape(1) for _, c in single]
+            if parts:  # one host read for the rest
+                counts = counts + (torch.cat(parts) if len(parts) > 1 else parts[0]).tolist()
+            if any(counts):  # NaN counts (impossible) are true too, and raise
+                ms = plan.checked_fused + [m for m, _ in single]
+                order = {id(m): i for i, m in enumerate(group._members.values())}
+                for m, v in sorted(zip(ms, counts), key=lambda t: order[id(t[0])]):
+                    if v != 0:  # the first bad member (in member order) raises its own error, with its causes
+                        m._checked_compute(m._states())
+        vals = _values(plan, bufs, native)
     if plan.in_order:
         return vals
     members = group._members
