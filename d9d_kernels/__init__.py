@@ -12,7 +12,7 @@ import importlib
 
 __version__ = "0.1.0"
 
-_SUBMODULES = ("ops", "reference", "functional", "checkpoint", "distributed", "metrics", "trace", "_extension")
+_SUBMODULES = ("ops", "reference", "functional", "checkpoint", "distributed", "metrics", "trace", "_extension", "d9d")
 
 # public name -> module that defines it
 _NAMES = {
@@ -52,6 +52,12 @@ def __getattr__(name: str):
 def __dir__():
     return sorted(set(globals()) | set(__all__))
 
+
+# with d9d installed every dk Metric is a d9d.metric.Metric, registered when
+# both are imported (an import hook until then; imports neither d9d nor torch)
+from d9d_kernels.d9d import install as _install_d9d  # noqa: E402
+
+_install_d9d()
 
 # torch.ops.d9d_kernels.* must exist as soon as d9d_kernels is imported in a
 # process that uses torch; a torch-free process (the trace CLI: 2-6 s less

@@ -20,8 +20,8 @@ metric layer needs from it:
   the metric sync does not use it.
 
 ``as_context(ctx)`` turns whatever a user passes as ``ctx`` (None, a
-DistributedContext, a ProcessGroup, a DeviceMesh) into a DistributedContext;
-the metric sync and ``dk.functional`` both use it.
+DistributedContext, a ProcessGroup, a DeviceMesh, a d9d DistributedContext)
+into a DistributedContext; the metric sync and ``dk.functional`` both use it.
 
 Example:
     >>> import torch, d9d_kernels as dk
@@ -66,6 +66,8 @@ import datetime
 import hashlib
 import itertools
 import json
+import math
+import sys
 import time
 import weakref
 from typing import Callable, Iterable, Optional, Sequence, Union
@@ -77,6 +79,10 @@ __all__ = ["DistributedContext", "CollectiveHandle", "as_context"]
 
 DEFAULT_TIMEOUT = datetime.timedelta(seconds=60)
 DEFAULT_MESH_DIMS = ("dp_replicate", "dp_shard")
+# d9d: the regular-domain dims whose ranks hold different data; tp and
+# cp_replicate ranks hold replicas (docs/distributed.md, "d9d")
+D9D_DOMAIN = "regular"
+D9D_DIMS = ("pp", "dp_replicate", "dp_shard", "cp_shard")
 _OPS = ("sum", "max")
 _STORE_PREFIX = "d9d_kernels/exchange/"
 
@@ -333,8 +339,11 @@ class DistributedContext:
         ``dims=("dp_replicate", "dp_shard")`` dims missing from the mesh are
         skipped (torchtitan-style meshes omit size-1 dims); explicitly named
         dims must exist. Every rank of the mesh must call this (it may create
-        process groups).
+        process groups). A d9d ``DistributedContext`` in place of ``mesh`` is
+        ``from_d9d(mesh, dims=dims)`` (d9d's default dims unless ``dims`` is given).
         """
+        if _is_d9d_context(mesh):
+            return cls.from_d9d(mesh, dims=D9D_DIMS if dims is DEFAULT_MESH_DIMS else dims, timeout=timeout)
         names = tuple(mesh.mesh_dim_names or ())
         if not names:
             raise ValueError("DistributedContext.from_mesh: the mesh has no mesh_dim_names; name its dims")
@@ -355,6 +364,50 @@ class DistributedContext:
         else:
             group = _flattened_group(mesh, dims)
         return cls(group=group, timeout=timeout)
+
+    @classmethod
+    def from_d9d(
+        cls, d9d_ctx, dims: Union[str, Sequence[str]] = D9D_DIMS, *, domain: str = D9D_DOMAIN, timeout=None
+    ) -> "DistributedContext":
+        """Reduce over the ranks of a d9d ``DistributedContext`` that hold different data.
+
+        A context that is not distributed (``mesh_params.is_distributed``
+        False) is local. Otherwise: the sub-mesh of ``dims`` of
+        ``d9d_ctx.mesh_for(domain)``; by default the regular-domain dims
+        ``pp``, ``dp_replicate``, ``dp_shard``, ``cp_shard`` -- not ``tp`` or
+        ``cp_replicate``, whose ranks hold replicas. Reducing over ``pp`` gives
+        every stage the global value when only the last stage updates (the
+        other stages contribute empty states). Size-1 dims are dropped; if no
+        dim is left the context is local, and if the dims span the world it is
+        the world group (no new group). Every rank must call this (it may
+        create process groups); ``as_context`` caches the default per
+        ``d9d_ctx``.
+        """
+        if not _is_d9d_context(d9d_ctx):
+            raise TypeError(
+                "DistributedContext.from_d9d: d9d_ctx must be a d9d DistributedContext (mesh_params, mesh_for), "
+                f"got {type(d9d_ctx).__name__}"
+            )
+        if not d9d_ctx.mesh_params.is_distributed:
+            return cls.local()
+        mesh = d9d_ctx.mesh_for(domain)
+        sizes = dict(zip(mesh.mesh_dim_names or (), mesh.shape))
+        dims = (dims,) if isinstance(dims, str) else tuple(dims)
+        if not dims:
+            raise ValueError(
+                "DistributedContext.from_d9d: dims is empty; use DistributedContext.local() for no reduction"
+            )
+        missing = [d for d in dims if d not in sizes]
+        if missing:
+            raise ValueError(
+                f"DistributedContext.from_d9d: dims {missing} not in the {domain!r} mesh dims {list(sizes)}"
+            )
+        kept = tuple(d for d in sizes if d in dims and sizes[d] > 1)
+        if not kept:
+            return cls.local()
+        if math.prod(sizes[d] for d in kept) == dist.get_world_size():
+            return cls(group=dist.group.WORLD, timeout=timeout)
+        return cls.from_mesh(mesh, dims=kept, timeout=timeout)
 
     # ------------------------------------------------------------ properties
     @property
@@ -714,8 +767,8 @@ def _first_difference(variants: list) -> str:
 
 # ------------------------------------------------------------------ ctx normalisation
 _DEFAULT_CTX = DistributedContext()  # the world group, resolved at each use
-# id(mesh) -> (weak ref to the mesh, its context): by identity, since equal
-# meshes of a re-initialised world hold other (new) groups
+# id(mesh or d9d context) -> (weak ref to it, its context): by identity, since
+# equal meshes of a re-initialised world hold other (new) groups
 _mesh_ctxs: dict[int, tuple] = {}
 
 
@@ -726,7 +779,9 @@ def as_context(ctx) -> DistributedContext:
     ``torch.distributed`` is not initialised); a ``DistributedContext``:
     itself; a ``ProcessGroup``: that group (one context per group, cached);
     a ``DeviceMesh``: all of its ranks (every dim; the world group itself
-    when the mesh spans the world, so no group is created). Anything else
+    when the mesh spans the world, so no group is created); a d9d
+    ``DistributedContext``: ``DistributedContext.from_d9d(ctx)``. Meshes and
+    d9d contexts are resolved once per object (cached weakly). Anything else
     raises ``TypeError``.
     """
     if ctx is None:
@@ -738,19 +793,40 @@ def as_context(ctx) -> DistributedContext:
         if st.ctx is None:
             st.ctx = DistributedContext(group=ctx)
         return st.ctx
+    hit = _mesh_ctxs.get(id(ctx))
+    if hit is not None and hit[0]() is ctx:
+        return hit[1]
     mesh_type = _device_mesh_type()
     if mesh_type is not None and isinstance(ctx, mesh_type):
-        hit = _mesh_ctxs.get(id(ctx))
-        if hit is None or hit[0]() is not ctx:
-            key = id(ctx)
-            hit = _mesh_ctxs[key] = (weakref.ref(ctx, lambda _: _mesh_ctxs.pop(key, None)), _mesh_context(ctx))
-        return hit[1]
+        return _cache(ctx, _mesh_context(ctx))
+    if _is_d9d_context(ctx):
+        return _cache(ctx, DistributedContext.from_d9d(ctx))
     if isinstance(ctx, int) and ctx == dist.GroupMember.NON_GROUP_MEMBER:
         return DistributedContext(group=ctx)  # raises: this rank is not in the group
     raise TypeError(
-        f"ctx must be a dk.DistributedContext, a torch.distributed ProcessGroup, a DeviceMesh or None, "
-        f"got {type(ctx).__name__}"
+        f"ctx must be a dk.DistributedContext, a torch.distributed ProcessGroup, a DeviceMesh, "
+        f"a d9d DistributedContext or None, got {type(ctx).__name__}"
     )
+
+
+def _cache(obj, ctx: DistributedContext) -> DistributedContext:
+    """Remembers ``ctx`` for ``obj`` while ``obj`` lives (objects without weak
+    references are resolved at each use)."""
+    key = id(obj)
+    try:
+        _mesh_ctxs[key] = (weakref.ref(obj, lambda _: _mesh_ctxs.pop(key, None)), ctx)
+    except TypeError:
+        pass
+    return ctx
+
+
+def _is_d9d_context(obj) -> bool:
+    """A d9d ``DistributedContext`` (or a look-alike): checked on the type,
+    without importing d9d."""
+    d9d_ctx = getattr(sys.modules.get("d9d.core.dist_context"), "DistributedContext", None)
+    if d9d_ctx is not None and isinstance(obj, d9d_ctx):
+        return True
+    return hasattr(type(obj), "mesh_params") and hasattr(type(obj), "mesh_for")
 
 
 def _device_mesh_type():
