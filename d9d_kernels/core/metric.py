@@ -232,6 +232,9 @@ class Metric(metaclass=_MetricMeta):
         fn = cls.__dict__.get("update")
         if fn is not None and not getattr(fn, "_d9d_planned", False) and cls.__module__.startswith("d9d_kernels."):
             cls.update = planned(fn)
+        # the planned update the class's instances reach first: the only one that plans (core/plan.py)
+        cls._planned_update = next((k.__dict__["update"] for k in cls.__mro__
+                                    if getattr(k.__dict__.get("update"), "_d9d_planned", False)), None)
         # metric(...) is the class's forward itself: no second frame that re-packs the keyword inputs
         if "forward" in cls.__dict__ and "__call__" not in cls.__dict__:
             cls.__call__ = cls.__dict__["forward"]

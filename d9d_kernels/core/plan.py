@@ -115,19 +115,6 @@ def _checked(update, self, args, kwargs):
         raise err from e
 
 
-#: class -> the planned update its instances call first (the outermost in its MRO)
-_OUTERMOST: dict = {}
-
-
-def _outermost(cls):
-    hit = _OUTERMOST.get(cls)
-    if hit is None:
-        hit = _OUTERMOST[cls] = next(
-            (k.__dict__["update"] for k in cls.__mro__ if getattr(k.__dict__.get("update"), "_d9d_planned", False)),
-            False)
-    return hit
-
-
 def planned(update):
     """Wraps a metric's ``update`` with the per-signature plan cache.
 
@@ -138,7 +125,7 @@ def planned(update):
 
     @functools.wraps(update)
     def wrapper(self, *args, **kwargs):
-        if _outermost(type(self)) is not wrapper:
+        if type(self)._planned_update is not wrapper:  # set per class by Metric.__init_subclass__
             return update(self, *args, **kwargs)
         compiling = _compiling()
         if not compiling and _fast_update(self, args, kwargs):  # the runner on the local views ran
