@@ -109,8 +109,13 @@ class _Recorder:
         return ("ctor", self.cls, args, kwargs)
 
 
-def _dk_metric(name: str, task: str | None, tm_cls: type, args: tuple, kwargs: dict):
+def _dk_metric(name: str, task: str | None, tm_cls: type, args: tuple, kwargs: dict, inputs: tuple = ()):
     """The d9d_kernels mirror of ``TmClass(*args, **kwargs)``, or a skip reason.
+
+    ``inputs``: the first update's; where d9d_kernels takes ``num_outputs``
+    and torchmetrics reads the width from the data (R2Score,
+    ExplainedVariance: per-output state is allocated at construction),
+    a 2-D ``preds`` gives it.
 
     The task-specific classes' own defaults are passed explicitly where they
     differ from the task wrapper's (``MulticlassAccuracy`` averages "macro",
@@ -128,6 +133,8 @@ def _dk_metric(name: str, task: str | None, tm_cls: type, args: tuple, kwargs: d
                 kw[k] = p.default
     kw.update(kwargs)
     kw.pop("validate_args", None)
+    if "num_outputs" in params and "num_outputs" not in kw and inputs and getattr(inputs[0], "ndim", 0) == 2:
+        kw["num_outputs"] = inputs[0].shape[1]
     unknown = sorted(k for k in kw if k not in params)
     if unknown:
         return None, f"{name}: torchmetrics argument(s) {unknown} not taken by d9d_kernels (docs/metrics.md)"
@@ -187,22 +194,26 @@ def test_docstring_examples(name, tm_cls, task, examples):
             if m and m.group(1) in pairs:
                 cls, args, kwargs, _, _ = pairs[m.group(1)]
                 inputs = eval(f"({m.group(2)},)", ns)
-                fresh = _dk_metric(name, task, cls, args, kwargs)[0]
+                fresh = _dk_metric(name, task, cls, args, kwargs, inputs)[0]
                 ref = cls(*args, **kwargs)
                 fresh.update(*inputs)
                 ref.update(*inputs)
                 _compare(name, fresh.compute(), ref.compute(), f"{src} (compute)", _samplewise(kwargs))
                 compared += 1
                 if hasattr(fresh, "forward") or callable(fresh):
-                    batch = _dk_metric(name, task, cls, args, kwargs)[0]
+                    batch = _dk_metric(name, task, cls, args, kwargs, inputs)[0]
                     _compare(name, batch(*inputs), cls(*args, **kwargs)(*inputs), f"{src} (forward)",
                              _samplewise(kwargs))
                 continue
             m = method.match(src)
             if m and m.group(1) in pairs:
-                _, _, kwargs, ours, theirs = pairs[m.group(1)]
+                cls, args, kwargs, ours, theirs = pairs[m.group(1)]
                 if m.group(2) == "update":
                     inputs = eval(f"({m.group(3)},)", ns)
+                    if getattr(ours, "num_outputs", 1) != getattr(_dk_metric(name, task, cls, args, kwargs, inputs)[0],
+                                                                  "num_outputs", 1):
+                        ours = _dk_metric(name, task, cls, args, kwargs, inputs)[0]  # before its first update
+                        pairs[m.group(1)] = (cls, args, kwargs, ours, theirs)
                     ours.update(*inputs)
                     theirs.update(*inputs)
                 else:

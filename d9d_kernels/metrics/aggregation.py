@@ -4,9 +4,7 @@
 * ``WeightedMeanMetric``: ``Σ w·x / Σ w``; NaN when ``Σ w == 0`` (no data, all
   weights zero, or weights summing to zero).
 * ``MeanMetric``: torchmetrics' name and arguments for it:
-  ``update(value, weight=1.0)``, ``nan_strategy`` also "warn" (torchmetrics'
-  default: NaN/Inf left out, ``compute()`` warns with the count) and
-  "disable" (= "propagate").
+  ``update(value, weight=1.0)``.
 * ``MaxMetric`` / ``MinMetric``: max / min of the valid values (``weights``
   accepted and ignored); ``-inf`` / ``+inf`` before any update (torchmetrics'
   initial values). Min is stored negated so both reduce with one MAX
@@ -18,10 +16,20 @@ metric's device; ``weights`` a number or a tensor broadcastable to
 ``values``; ``mask`` a bool tensor broadcastable to ``values`` (False drops
 the element). Results are float64 tensors (counts exact to 2**53).
 
-``nan_strategy``: "propagate" (default: NaN/Inf flow into the result),
-"ignore" (non-finite elements are skipped; an Inf is still a valid max/min),
-"error" (``compute()`` raises ``ValueError`` with the count). Either way they
-are counted on the device, never checked on the host.
+``nan_strategy`` (every aggregation metric, RunningMean and
+ExponentialMovingAverage alike; torchmetrics' values and default):
+
+* ``"warn"`` (default): NaN values (NaN/Inf for Sum and the means: the
+  kernel skips non-finite elements) are left out and counted on the device;
+  the count is read where ``"error"`` would raise (``compute()``, a group's
+  ``compute()``, ``compute_to_host().result()``) and warned once per metric.
+* ``"ignore"``: left out silently. ``"error"``: ``compute()`` raises
+  ``ValueError`` with the count. ``"disable"`` / ``"propagate"``: NaN flows
+  into the value. A float: NaN values (and values with a NaN weight) are
+  replaced by it, with weight 1 (torchmetrics' impute).
+
+Max/Min keep an Inf as a valid extremum under every strategy. Nothing is
+checked on the host in ``update``.
 
 Example:
     >>> import torch, d9d_kernels as dk
@@ -39,16 +47,79 @@ import warnings
 
 import torch
 
-from d9d_kernels.core.metric import NAN_STRATEGIES, Metric
+from d9d_kernels.core.metric import Metric, config_args
+from d9d_kernels.metrics import _args as A
 from d9d_kernels.metrics._args import broadcasts_to
-from d9d_kernels.metrics.moments import ExtremaStatistic, MomentsStatistic
+from d9d_kernels.metrics.moments import ExtremaStatistic, MomentsStatistic, as_tensor
 
-__all__ = ["SumMetric", "WeightedMeanMetric", "MeanMetric", "MaxMetric", "MinMetric"]
+__all__ = ["SumMetric", "WeightedMeanMetric", "MeanMetric", "MaxMetric", "MinMetric", "AggregationNaN"]
+
+#: torchmetrics' aggregation ``nan_strategy`` values (and "propagate") -> the core's
+_NAN = {"warn": "ignore", "ignore": "ignore", "error": "error", "disable": "propagate", "propagate": "propagate"}
 
 
-class _Aggregation(Metric):
-    def __init__(self, nan_strategy: str = "propagate"):
-        super().__init__(nan_strategy=nan_strategy)
+class AggregationNaN:
+    """torchmetrics' aggregation ``nan_strategy`` on a ``Metric`` (a mixin
+    placed before it): ``"warn"`` is the core's ``"ignore"`` with its count
+    read where the host reads values anyway, warning once instead of
+    raising; a float is kept as ``_impute`` over the core's ``"propagate"``."""
+
+    def __init__(self, nan_strategy="warn"):
+        name = type(self).__name__
+        impute = isinstance(nan_strategy, numbers.Real) and not isinstance(nan_strategy, bool)
+        A.check(impute or (isinstance(nan_strategy, str) and nan_strategy in _NAN), name, "nan_strategy",
+                f"must be a float (impute) or one of {tuple(_NAN)}, got {nan_strategy!r}")
+        super().__init__(nan_strategy="propagate" if impute else _NAN[nan_strategy])
+        d = self.__dict__
+        d["_nan_strategy_arg"] = nan_strategy
+        d["_impute"] = float(nan_strategy) if impute else None
+
+    def _counts_nan(self) -> bool:
+        """Whether the dropped values are counted (the count "error" raises and "warn" warns with)."""
+        return self.nan_strategy == "error" or self._nan_strategy_arg == "warn"
+
+    def _raise_on_bad(self) -> bool:
+        # "warn" reads its count where the host reads anyway: compute() on CPU state (as "error"
+        # does); on a GPU compute() reads nothing and compute_to_host().result() warns (_host_items)
+        return self.nan_strategy == "error" or (self._nan_strategy_arg == "warn" and self.device.type == "cpu")
+
+    def _host_items(self):
+        items, checks = super()._host_items()
+        if self._nan_strategy_arg == "warn" and not checks:
+            causes = self._bad_causes(self._states())
+            checks = [(self, torch.stack(list(causes.values())).sum(), causes)]
+        return items, checks
+
+    def _raise_if_bad(self, count: float, causes: dict[str, float] | None = None) -> None:
+        if self._nan_strategy_arg != "warn":
+            return super()._raise_if_bad(count, causes)
+        if count != 0 and not self.__dict__.get("_warned_nan"):
+            self.__dict__["_warned_nan"] = True
+            warnings.warn(f"{self._label}: {int(count)} NaN/Inf value(s) were left out since the last reset "
+                          "(nan_strategy='warn'; 'ignore' silences this, 'disable' keeps NaN in the value); "
+                          "warned once", UserWarning, stacklevel=4)
+
+    def __repr__(self) -> str:
+        args = [a for a in config_args(self) if not a.startswith("nan_strategy=")]
+        if self._nan_strategy_arg != "warn":
+            args.append(f"nan_strategy={self._nan_strategy_arg!r}")
+        return f"{type(self).__name__}({', '.join(args)})"
+
+    def _imputed(self, values, weights, device):
+        """``values`` (and ``weights``) with torchmetrics' impute applied: new
+        tensors, so an update plan never passes a raw input through."""
+        x = as_tensor(values, device)
+        if not x.is_floating_point():
+            return x, weights
+        nan = torch.isnan(x)
+        if weights is not None:
+            w = as_tensor(weights, device)
+            nan = nan | torch.isnan(w)
+            weights = torch.where(nan, torch.ones_like(w), w)
+        return torch.where(nan, torch.full_like(x, self._impute), x), weights
+
+
+class _Aggregation(AggregationNaN, Metric):
 
     def _check_value(self, arg: str, v, device: torch.device) -> tuple:
         """Checks a tensor or real number input; returns its shape (numbers: ())."""
@@ -87,6 +158,8 @@ class _Aggregation(Metric):
                     f"{self._label}.update: argument 'mask' of shape {tuple(mask.shape)} does not "
                     f"broadcast to values {tuple(shape)}"
                 )
+        if self._impute is not None:
+            values, weights = self._imputed(values, weights, dev)
         return values, weights, mask
 
 
@@ -128,11 +201,6 @@ _UNIT_WEIGHT = 1.0
 class MeanMetric(WeightedMeanMetric):
     """torchmetrics' ``MeanMetric``: ``update(value, weight=1.0)``, the weighted mean.
 
-    ``nan_strategy``: "warn" (default, as torchmetrics: NaN/Inf values are left
-    out; ``compute()`` warns once with their count), "ignore", "error",
-    "propagate" / "disable" (NaN flows into the mean). A float replacement
-    value (torchmetrics' ``nan_strategy=0.0``) is not supported.
-
     Example:
         >>> import torch, d9d_kernels as dk
         >>> m = dk.MeanMetric()
@@ -142,32 +210,10 @@ class MeanMetric(WeightedMeanMetric):
         4.0
     """
 
-    def __init__(self, nan_strategy: str = "warn"):
-        if not isinstance(nan_strategy, str) or nan_strategy not in ("warn", "disable", *NAN_STRATEGIES):
-            raise ValueError(f"MeanMetric: argument 'nan_strategy' must be one of "
-                             f"{('warn', 'disable', *NAN_STRATEGIES)}, got {nan_strategy!r}")
-        own = {"warn": "ignore", "disable": "propagate"}.get(nan_strategy, nan_strategy)
-        super().__init__(nan_strategy=own)
-        self.__dict__["_warn_nan"] = nan_strategy == "warn"
-        self.__dict__["_nan_strategy_arg"] = nan_strategy
-
     def update(self, value, weight=_UNIT_WEIGHT) -> None:
         """Adds ``value`` (number or tensor) with ``weight`` (number or tensor broadcastable to it)."""
         value, weights, _ = self._inputs(value, None if weight is _UNIT_WEIGHT else weight, None, ("value", "weight"))
         self._feed({"m": {"x": value, "weights": weights, "mask": None}})
-
-    def _checked_compute(self, states):
-        if self.__dict__["_warn_nan"] and not self.__dict__.get("_warned_nan"):
-            n = states["m"]["bad"].item()
-            if n:
-                self.__dict__["_warned_nan"] = True
-                warnings.warn(f"{self._label}: {int(n)} NaN/Inf value(s) were left out of the mean "
-                              "(nan_strategy='warn'); warned once", UserWarning, stacklevel=3)
-        return super()._checked_compute(states)
-
-    def __repr__(self) -> str:
-        a = self.__dict__["_nan_strategy_arg"]
-        return "MeanMetric()" if a == "warn" else f"MeanMetric(nan_strategy={a!r})"
 
 
 class _ExtremaAggregation(_Aggregation):

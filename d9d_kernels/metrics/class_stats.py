@@ -16,9 +16,10 @@ import torch
 from d9d_kernels import ops
 from d9d_kernels.core.statistic import SUM, Slot, either, param, statistic, union
 from d9d_kernels.metrics.labelled import BAD, LabelledStatistic
+from d9d_kernels.reference import valid_score_rows
 from d9d_kernels.metrics.vocab_parallel import add_vocab_class_stats
 
-__all__ = ["ClassStatistic", "score_blocks", "mergeable"]
+__all__ = ["ClassStatistic", "RefinedTopKStatistic", "refine_top_k", "score_blocks", "mergeable"]
 
 #: Channel-first scores (``[N, C, d1, ...]`` moved to ``[N, d1, ..., C]``, a
 #: view) do not flatten to ``[R, C]`` without a copy. A sample of at least
@@ -191,3 +192,36 @@ class ClassStatistic(LabelledStatistic):
         else:
             out["stats"] = state["stats"][idx]
         return out
+
+
+def refine_top_k(scores: torch.Tensor, target: torch.Tensor, k: int) -> torch.Tensor:
+    """torchmetrics' one prediction per row under ``top_k=k`` (its
+    ``_refine_preds_oh``), as scores ``[..., C]`` whose top-1 is that
+    prediction: a valid row whose target ranks in its top ``k`` (ties: lower
+    index first, as ``class_stats``) becomes the target's one-hot; every other
+    row is kept as it is, so its top-1 is the prediction and its NaN/Inf or
+    out-of-range target is still counted as bad by ``class_stats``."""
+    C = scores.shape[-1]
+    t = target.to(torch.int64).clamp(0, C - 1).unsqueeze(-1)
+    s_t = scores.gather(-1, t)
+    ahead = (scores > s_t) | ((scores == s_t) & (torch.arange(C, device=scores.device) < t))
+    hit = (ahead.sum(-1) < k) & valid_score_rows(scores)
+    one_hot = torch.zeros_like(scores).scatter_(-1, t, 1.0)
+    return torch.where(hit.unsqueeze(-1), one_hot, scores)
+
+
+@statistic
+class RefinedTopKStatistic(ClassStatistic):
+    """``ClassStatistic`` (``top_ks=(1,)``) of ``refine_top_k``'s predictions:
+    the per-class counts torchmetrics derives ``top_k > 1`` specificity from
+    (one prediction per row, so ``tn`` is exact). Score preds only; a torch
+    pass over the scores before the kernel, so never the raw op."""
+
+    k: int = param(1, convert=int)
+
+    def update(self, state: dict[str, torch.Tensor], **inputs) -> None:
+        preds, target, _ = self.unpack(inputs)
+        super().update(state, **{**inputs, self.inputs[0]: refine_top_k(preds, target, self.k)})
+
+    def _direct(self, sample: dict) -> bool:
+        return False

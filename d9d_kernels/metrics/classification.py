@@ -35,7 +35,7 @@ import torch
 from d9d_kernels.core.metric import Metric
 from d9d_kernels.metrics import _args as A
 from d9d_kernels.metrics.binary_stats import BinaryStatistic
-from d9d_kernels.metrics.class_stats import ClassStatistic
+from d9d_kernels.metrics.class_stats import ClassStatistic, RefinedTopKStatistic
 from d9d_kernels.metrics.samplewise import SamplewiseStatistic
 from d9d_kernels.metrics.vocab_parallel import resolve
 from d9d_kernels.metrics.formulas import classification as F
@@ -116,6 +116,14 @@ class _Classification(Metric):
         self.ignore_index = ignore_index
         self.multidim_average = multidim_average
         self.class_dim = class_dim
+        self.__class__ = self._variant()
+
+    def _variant(self) -> type:
+        """The class this instance computes with: ``type(self)``, or a private
+        subclass holding a torchmetrics rule for these arguments that the
+        group_values program has no formula for (formulas/fused.py runs a
+        member there only when its class's ``_formula`` is the public class's)."""
+        return type(self)
 
     # -- statistics ---------------------------------------------------------
 
@@ -319,21 +327,78 @@ class F1Score(FBetaScore):
 
 
 class Specificity(_Classification):
-    """Specificity ``tn / (tn + fp)`` (torchmetrics ``Specificity``)."""
+    """Specificity ``tn / (tn + fp)`` (torchmetrics ``Specificity``).
+
+    ``top_k > 1`` counts as torchmetrics does: one prediction per row, the
+    target when it is in the row's top-k, else the top-1 class
+    (``RefinedTopKStatistic``).
+    """
+
+    def _variant(self) -> type:
+        if self.task != "multiclass" or self.top_k == 1:
+            return type(self)
+        if self.multidim_average == "samplewise":
+            A.fail("Specificity", "multidim_average", "='samplewise' is not supported with top_k > 1, got "
+                   f"top_k={self.top_k}")
+        return _TopKSpecificity
 
     def _formula(self, tp, fp, tn, fn, average, multilabel, top_k):
         return F.specificity(tp, fp, tn, fn, average, multilabel, top_k)
 
 
+class _TopKSpecificity(Specificity):
+    """Multiclass Specificity with ``top_k > 1``: ``top_k=1`` counts of
+    torchmetrics' one prediction per row, averaged as torchmetrics averages
+    specificity (its ``top_k`` does not reach the average: macro leaves out
+    only classes absent from both target and predictions)."""
+
+    def _statistic(self):
+        return RefinedTopKStatistic(self.num_classes, self.ignore_index, k=self.top_k, inputs=INPUTS)
+
+    def _check_vocab(self, preds, target, mask):
+        A.fail("Specificity", "vocab", f"is not supported with top_k > 1 (the rows' top-k is not per shard), "
+               f"got top_k={self.top_k}")
+
+    def _formula(self, tp, fp, tn, fn, average, multilabel, top_k):
+        return F.specificity(tp, fp, tn, fn, average, multilabel, 1)
+
+
 class JaccardIndex(_Classification):
     """Jaccard index / IoU ``tp / (tp + fp + fn)`` (torchmetrics ``JaccardIndex``,
-    default ``average="macro"`` / sklearn ``jaccard_score``)."""
+    default ``average="macro"`` / sklearn ``jaccard_score``).
+
+    Multiclass ``ignore_index`` of a class ``0 <= i < num_classes``: as
+    torchmetrics, class ``i`` leaves the averages (scikit-learn's
+    ``labels=`` without it, on the rows whose target is not ``i``).
+    """
 
     _default_average = "macro"
     _has_multidim_average = False
 
+    def _variant(self) -> type:
+        i = self.ignore_index
+        inside = self.task == "multiclass" and i is not None and 0 <= i < self.num_classes
+        return _JaccardIgnoredClass if inside else type(self)
+
     def _formula(self, tp, fp, tn, fn, average, multilabel, top_k):
         return F.jaccard(tp, fp, tn, fn, average, multilabel, top_k)
+
+
+class _JaccardIgnoredClass(JaccardIndex):
+    """Multiclass JaccardIndex whose ``ignore_index`` is a class: its rows are
+    dropped, and the rows predicting it belong to no union (its false
+    positives are zeroed), so it scores 0.0 in ``"none"`` and leaves the
+    micro sums and the macro mean, as in torchmetrics."""
+
+    def _formula(self, tp, fp, tn, fn, average, multilabel, top_k):
+        fp = fp.clone()
+        fp[..., self.ignore_index] = 0.0
+        return F.jaccard(tp, fp, tn, fn, average, multilabel, top_k)
+
+
+# the public names in error messages and group labels (``type(m).__name__``)
+_TopKSpecificity.__name__ = "Specificity"
+_JaccardIgnoredClass.__name__ = "JaccardIndex"
 
 
 class _ConfmatMetric(_Classification):

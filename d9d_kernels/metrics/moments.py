@@ -22,20 +22,21 @@ from d9d_kernels import ops
 from d9d_kernels.core.statistic import MAX, REPLICA, SUM, Slot, Statistic, param, statistic
 from d9d_kernels.reference import MOMENTS_SIZE
 
-__all__ = ["MomentsStatistic", "ExtremaStatistic", "recenter_moments", "first_set"]
+__all__ = ["MomentsStatistic", "OutputMomentsStatistic", "ExtremaStatistic", "recenter_moments", "first_set"]
 
 
 def recenter_moments(moments: torch.Tensor, old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
-    """Moments about pivot ``old`` (float64 [2] = px, py) re-expressed about ``new``.
+    """Moments about pivot ``old`` (float64 [..., 2] = px, py) re-expressed about ``new``.
 
     Unset (NaN) pivots mean 0 (what the op used). With ``d = old - new``:
     ``sx' = sx + w dx``, ``sxx' = sxx + 2 dx sx + w dx^2`` (same for y),
     ``sxy' = sxy + dx sy + dy sx + w dx dy``; ``w, sae, sse, n`` unchanged.
-    Torch ops only (no host sync). Returns a new [9] tensor.
+    Leading dims: one moment vector per output. Torch ops only (no host
+    sync). Returns a new [..., 9] tensor.
     """
     d = torch.nan_to_num(old, nan=0.0) - torch.nan_to_num(new, nan=0.0)
-    dx, dy = d[0], d[1]
-    w, sx, sxx, sy, syy, sxy = moments[0], moments[1], moments[2], moments[3], moments[4], moments[5]
+    dx, dy = d[..., 0], d[..., 1]
+    w, sx, sxx, sy, syy, sxy = (moments[..., i] for i in range(6))
     return torch.stack(
         [
             w,
@@ -44,10 +45,11 @@ def recenter_moments(moments: torch.Tensor, old: torch.Tensor, new: torch.Tensor
             sy + w * dy,
             syy + 2 * dy * sy + w * dy * dy,
             sxy + dx * sy + dy * sx + w * dx * dy,
-            moments[6],
-            moments[7],
-            moments[8],
-        ]
+            moments[..., 6],
+            moments[..., 7],
+            moments[..., 8],
+        ],
+        dim=-1,
     )
 
 
@@ -254,8 +256,40 @@ class MomentsStatistic(Shareable):
         state["pivot"].copy_(new)
 
     def replica_settled(self, replica) -> bool:
-        p = replica["pivot"].tolist()
-        return p[0] == p[0] and (not self.paired or p[1] == p[1])
+        p = replica["pivot"].reshape(-1, 2)
+        return not bool(torch.isnan(p[:, : 1 + self.paired]).any())
+
+
+@statistic
+class OutputMomentsStatistic(MomentsStatistic):
+    """``MomentsStatistic`` per output column of ``[N, outputs]`` inputs
+    (torchmetrics' ``multioutput``): ``moments`` [outputs, 9], ``pivot``
+    [outputs, 2], one ``weighted_moments`` call per column; ``weights`` and
+    ``mask`` broadcast to ``x``'s shape. Always the Python update (no raw op).
+    """
+
+    outputs: int = param(1, convert=int)
+
+    def slots(self) -> list[Slot]:
+        M = self.outputs
+        return [
+            Slot("moments", SUM, (M, MOMENTS_SIZE)),
+            Slot("bad", SUM, (1,)),
+            Slot("pivot", REPLICA, (M, 2), float("nan")),
+        ]
+
+    def update(self, state, x, y=None, weights=None, mask=None) -> None:
+        col = lambda t, j: None if t is None else torch.broadcast_to(t, x.shape)[:, j]  # noqa: E731
+        for j in range(self.outputs):
+            ops.weighted_moments(x[:, j], col(y, j), col(weights, j), col(mask, j), state=state["moments"][j],
+                                 bad=state["bad"], pivot=state["pivot"][j], skip_bad=self.skip_bad)
+
+    def bind(self, sample: dict):
+        update = self.update
+        return lambda state, inputs: update(state, **inputs)
+
+    def compile_step(self, sample: dict, state: dict):
+        return None
 
 
 @statistic

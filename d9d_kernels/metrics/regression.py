@@ -14,6 +14,11 @@ exact for data like ``1e6 + noise``. Formulas and degenerate cases:
 ``nan_strategy``: ``"propagate"`` (default, as torchmetrics: a NaN/Inf input
 makes the result NaN), ``"ignore"`` (non-finite elements are left out),
 ``"error"`` (``compute()`` raises ``ValueError`` with the count).
+
+R2Score and ExplainedVariance score each output column of ``[N, num_outputs]``
+inputs and reduce the scores by ``multioutput`` (torchmetrics). The state is
+allocated at construction, so ``num_outputs`` is given up front; a 2-D input
+of another width raises rather than pooling its columns.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import torch
 from d9d_kernels.core.metric import Metric
 from d9d_kernels.metrics import _args as A
 from d9d_kernels.metrics.formulas import regression as G
-from d9d_kernels.metrics.moments import MomentsStatistic
+from d9d_kernels.metrics.moments import MomentsStatistic, OutputMomentsStatistic
 
 __all__ = ["MeanSquaredError", "MeanAbsoluteError", "R2Score", "PearsonCorrCoef", "ExplainedVariance"]
 
@@ -54,7 +59,11 @@ class _Regression(Metric):
             A.check(len(ws) <= len(ps) and all(w in (1, p) for w, p in zip(ws[::-1], ps[::-1])), name, "weights",
                     f"of shape {ws} does not broadcast to preds' {ps}")
         A.check_mask(name, mask, ps)
+        self._check_outputs(ps)
         self._feed({"m": dict(x=preds, y=target, weights=weights, mask=mask)})
+
+    def _check_outputs(self, shape: tuple[int, ...]) -> None:
+        """Raises where ``shape`` does not fit the metric's outputs (any shape pools)."""
 
     def _compute(self, states):
         return self._value(states["m"])
@@ -89,12 +98,74 @@ class MeanAbsoluteError(_Regression):
         return G.mean_absolute_error(s["moments"])
 
 
-class R2Score(_Regression):
-    """Coefficient of determination (sklearn ``r2_score`` with ``sample_weight``,
-    ``force_finite=True``; torchmetrics ``R2Score``)."""
+MULTIOUTPUTS = ("raw_values", "uniform_average", "variance_weighted")
+
+
+class _PerOutput(_Regression):
+    """A score per output column, reduced by ``multioutput`` (torchmetrics' ``num_outputs`` / ``multioutput``)."""
+
+    def __init__(self, num_outputs: int = 1, multioutput: str = "uniform_average", nan_strategy: str = "propagate"):
+        super().__init__(nan_strategy=nan_strategy)
+        name = type(self).__name__
+        A.check_int(name, "num_outputs", num_outputs)
+        A.check_choice(name, "multioutput", multioutput, MULTIOUTPUTS)
+        self.num_outputs = num_outputs
+        self.multioutput = multioutput
+
+    def _statistics(self):
+        if self.num_outputs == 1:
+            return super()._statistics()
+        return {"m": OutputMomentsStatistic(paired=True, skip_bad=self.nan_strategy == "ignore", shared=True,
+                                            outputs=self.num_outputs)}
+
+    def _check_outputs(self, shape):
+        M = self.num_outputs
+        if len(shape) == 2 and shape[1] != M:
+            A.fail(type(self).__name__, "num_outputs",
+                   f"is {M} but preds and target of shape {shape} have {shape[1]} columns (outputs): pass "
+                   f"num_outputs={shape[1]} for a score per column reduced by multioutput (torchmetrics), or "
+                   f"flatten preds and target to pool them")
+        if not (len(shape) == 2 or (M == 1 and len(shape) <= 1)):
+            want = "[N] or [N, 1]" if M == 1 else f"[N, {M}]"
+            A.fail(type(self).__name__, "preds", f"must be {want} (num_outputs={M}), got shape {shape}")
 
     def _value(self, s):
-        return G.r2_score(s["moments"])
+        scores = self._scores(s)
+        if scores.dim() == 0:
+            return scores
+        return G.average_outputs(scores, s["moments"], self.multioutput)
+
+
+class R2Score(_PerOutput):
+    """Coefficient of determination (sklearn ``r2_score`` with ``sample_weight``,
+    ``force_finite=True``; torchmetrics ``R2Score``).
+
+    Args:
+        adjusted: number of independent regressors ``k``: the adjusted score
+            ``1 - (1 - r2)(n - 1)/(n - k - 1)`` (torchmetrics; the plain score
+            where ``n <= k + 1``).
+        multioutput: ``"uniform_average"`` (default), ``"raw_values"`` or
+            ``"variance_weighted"`` over the ``num_outputs`` columns.
+        num_outputs: columns of ``[N, num_outputs]`` inputs (1: ``[N]``).
+
+    Example:
+        >>> import torch, d9d_kernels as dk
+        >>> m = dk.R2Score(num_outputs=2, multioutput="raw_values")
+        >>> m.update(torch.tensor([[0.0, 2.0], [-1.0, 2.0], [8.0, -5.0]]),
+        ...          torch.tensor([[0.5, 1.0], [-1.0, 1.0], [7.0, -6.0]]))
+        >>> [round(v, 4) for v in m.compute().tolist()]
+        [0.9654, 0.9082]
+    """
+
+    def __init__(self, adjusted: int = 0, multioutput: str = "uniform_average", num_outputs: int = 1,
+                 nan_strategy: str = "propagate"):
+        super().__init__(num_outputs, multioutput, nan_strategy)
+        A.check_int("R2Score", "adjusted", adjusted, lo=0)
+        self.adjusted = adjusted
+
+    def _scores(self, s):
+        m = s["moments"]
+        return G.r2_adjust(G.r2_score(m), m, self.adjusted)
 
 
 class PearsonCorrCoef(_Regression):
@@ -105,9 +176,13 @@ class PearsonCorrCoef(_Regression):
         return G.pearson_corrcoef(s["moments"])
 
 
-class ExplainedVariance(_Regression):
+class ExplainedVariance(_PerOutput):
     """Explained variance (sklearn ``explained_variance_score`` with
-    ``sample_weight``, ``force_finite=True``; torchmetrics ``ExplainedVariance``)."""
+    ``sample_weight``, ``force_finite=True``; torchmetrics ``ExplainedVariance``);
+    ``multioutput`` and ``num_outputs`` as ``R2Score``'s."""
 
-    def _value(self, s):
+    def __init__(self, multioutput: str = "uniform_average", num_outputs: int = 1, nan_strategy: str = "propagate"):
+        super().__init__(num_outputs, multioutput, nan_strategy)
+
+    def _scores(self, s):
         return G.explained_variance(s["moments"], s["pivot"])

@@ -19,11 +19,9 @@ import torch
 
 from d9d_kernels.core.metric import Metric
 from d9d_kernels.metrics import _args as A
+from d9d_kernels.metrics.aggregation import AggregationNaN
 
 __all__ = ["RunningMean", "ExponentialMovingAverage"]
-
-#: torchmetrics' aggregation nan_strategy values -> this library's
-_NAN = {"warn": "ignore", "ignore": "ignore", "error": "error", "disable": "propagate", "propagate": "propagate"}
 
 
 def _float64(x, device) -> torch.Tensor:
@@ -49,28 +47,26 @@ def _check_inputs(label: str, dev, value, weight) -> None:
 
 
 def _batch_sums(m, value, weight) -> torch.Tensor:
-    """``[Σ w·v, Σ w]`` of one update under ``m.nan_strategy`` (NaN pairs counted in ``m.bad`` under "error")."""
+    """``[Σ w·v, Σ w]`` of one update under ``m``'s nan_strategy: NaN pairs
+    counted in ``m.bad`` where checked, then left out, kept or imputed."""
     v, w = _float64(value, m.bad.device), _float64(weight, m.bad.device)
     v, w = torch.broadcast_tensors(v, w)
     nan = torch.isnan(v) | torch.isnan(w)
-    if m.nan_strategy == "error":
+    if m._counts_nan():
         m.bad += nan.sum().reshape(1)
-    if m.nan_strategy != "propagate":
+    if m._impute is not None:
+        v = torch.where(nan, torch.full_like(v, m._impute), v)
+        w = torch.where(nan, torch.ones_like(w), w)
+    elif m.nan_strategy != "propagate":
         v = torch.where(nan, torch.zeros_like(v), v)
         w = torch.where(nan, torch.zeros_like(w), w)
     return torch.stack([(v * w).sum(), w.sum()])
 
 
-class _ValueUpdates(Metric):
+class _ValueUpdates(AggregationNaN, Metric):
     """``update(value, weight=1.0)`` like ``MeanMetric``, checked before any
     write; subclasses declare their slots (a ``bad`` one included) after
     ``super().__init__``."""
-
-    def __init__(self, nan_strategy: str):
-        name = type(self).__name__
-        A.check(isinstance(nan_strategy, str) and nan_strategy in _NAN, name, "nan_strategy",
-                f"must be one of {tuple(_NAN)}, got {nan_strategy!r}")
-        super().__init__(nan_strategy=_NAN[nan_strategy])
 
     def update(self, value, weight=1.0) -> None:
         """Adds one update: ``value`` (number or tensor), ``weight`` broadcastable to it."""
@@ -86,11 +82,9 @@ class RunningMean(_ValueUpdates):
 
     Args:
         window: number of updates kept.
-        nan_strategy: torchmetrics' names: ``"warn"`` (default; NaN values are
-            left out, without the warning: no host read), ``"ignore"``,
-            ``"error"`` (``compute()`` raises with the count), ``"disable"``
-            (NaN flows into the result; also ``"propagate"``). A float
-            (impute) is not supported.
+        nan_strategy: as the aggregation metrics (``d9d_kernels.metrics.aggregation``):
+            ``"warn"`` (default), ``"ignore"``, ``"error"``, ``"disable"`` /
+            ``"propagate"`` or a float (impute).
 
     Example:
         >>> import torch, d9d_kernels as dk

@@ -1,6 +1,6 @@
 """Regression formulas from one-pass weighted moments about pivots.
 
-``m``: float64 ``[9]`` slots as ``d9d_kernels.reference.MOMENTS`` with
+``m``: float64 ``[..., 9]`` slots (leading dims: outputs) as ``d9d_kernels.reference.MOMENTS`` with
 ``x = preds``, ``y = target``: ``w, sx, sxx, sy, syy, sxy, sae, sse, n``;
 sums of ``x - px`` and ``y - py`` about the pivots ``px, py``. Centred sums
 ``Sxx = sxx - sx²/w`` are then exact for data like ``1e6 + noise`` (the
@@ -22,21 +22,21 @@ W, SX, SXX, SY, SYY, SXY, SAE, SSE, N = range(9)
 
 
 def _centred(m: torch.Tensor):
-    w = m[W]
-    sxx = m[SXX] - safe_div(m[SX] * m[SX], w)
-    syy = m[SYY] - safe_div(m[SY] * m[SY], w)
-    sxy = m[SXY] - safe_div(m[SX] * m[SY], w)
+    w = m[..., W]
+    sxx = m[..., SXX] - safe_div(m[..., SX] * m[..., SX], w)
+    syy = m[..., SYY] - safe_div(m[..., SY] * m[..., SY], w)
+    sxy = m[..., SXY] - safe_div(m[..., SX] * m[..., SY], w)
     # rounding can leave a tiny negative variance: clamp
     return w, torch.clamp(sxx, min=0.0), torch.clamp(syy, min=0.0), sxy
 
 
 def mean_squared_error(m: torch.Tensor, squared: bool = True) -> torch.Tensor:
-    mse = safe_div(m[SSE], m[W])
+    mse = safe_div(m[..., SSE], m[..., W])
     return mse if squared else torch.sqrt(mse)
 
 
 def mean_absolute_error(m: torch.Tensor) -> torch.Tensor:
-    return safe_div(m[SAE], m[W])
+    return safe_div(m[..., SAE], m[..., W])
 
 
 def _force_finite(num: torch.Tensor, den: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -52,7 +52,7 @@ def _force_finite(num: torch.Tensor, den: torch.Tensor, w: torch.Tensor) -> torc
 def r2_score(m: torch.Tensor) -> torch.Tensor:
     """``1 - Σw(y - x)² / Σw(y - ȳ)²`` (scikit-learn ``r2_score`` with sample_weight)."""
     w, _, syy, _ = _centred(m)
-    return _force_finite(m[SSE], syy, w)
+    return _force_finite(m[..., SSE], syy, w)
 
 
 def explained_variance(m: torch.Tensor, pivots: torch.Tensor | None = None) -> torch.Tensor:
@@ -65,6 +65,32 @@ def explained_variance(m: torch.Tensor, pivots: torch.Tensor | None = None) -> t
     w, sxx, syy, sxy = _centred(m)
     num = torch.clamp(syy + sxx - 2.0 * sxy, min=0.0)
     return _force_finite(num, syy, w)
+
+
+def r2_adjust(r2: torch.Tensor, m: torch.Tensor, adjusted: int) -> torch.Tensor:
+    """torchmetrics' adjusted R² ``1 - (1 - r2)(n - 1)/(n - adjusted - 1)``
+    with ``n`` the element count; ``r2`` itself where ``n <= adjusted + 1``
+    (torchmetrics falls back there too, with a warning)."""
+    if adjusted == 0:
+        return r2
+    n = m[..., N]
+    adj = 1.0 - (1.0 - r2) * safe_div(n - 1.0, n - adjusted - 1.0)
+    return torch.where(n > adjusted + 1, adj, r2)
+
+
+def average_outputs(scores: torch.Tensor, m: torch.Tensor, multioutput: str) -> torch.Tensor:
+    """Per-output ``scores`` [M] reduced as torchmetrics' / scikit-learn's
+    ``multioutput``: ``"raw_values"`` (as is), ``"uniform_average"`` (mean),
+    ``"variance_weighted"`` (weighted by each target variance; scikit-learn's
+    rule where every target variance is 0: 1.0 if every score is 1.0, else 0.0)."""
+    if multioutput == "raw_values":
+        return scores
+    if multioutput == "uniform_average":
+        return scores.mean(-1)
+    _, _, syy, _ = _centred(m)
+    total = syy.sum(-1)
+    weighted = safe_div((syy * scores).sum(-1), total)
+    return torch.where(total > 0, weighted, (scores == 1.0).all(-1).to(scores.dtype))
 
 
 def pearson_corrcoef(m: torch.Tensor) -> torch.Tensor:
