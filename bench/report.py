@@ -771,6 +771,112 @@ def host_syncs_lines(results: Path) -> list[str]:
             f"`torch.cuda.set_sync_debug_mode(\"error\")`: {shapes}.", ""]
 
 
+D9D_LABEL = {"d9d_builtin": "d9d 0.24 built-ins", "d9d": "d9d_kernels",
+             "d9d_f32_count": "d9d_kernels (float32 token count)"}
+
+
+def _d9d_checks(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def plot_d9d(rows, out: Path):
+    """bench_d9d.csv: update (left) and sync + compute (right), p50 bars with p20-p80 whiskers per provider."""
+    plt = _plt()
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
+    for ax, op, title in ((axes[0], "update", "one step's update, members one by one, CPU"),
+                          (axes[1], "sync_compute", "ComposeMetric.sync(ctx) + compute(), gloo")):
+        rs = [r for r in rows if r["op"] == op]
+        shapes = list(dict.fromkeys(r["shape"] for r in rs))
+        provs = [p for p in D9D_LABEL if any(r["provider"] == p for r in rs)]
+        idx = _index(rs, lambda r: (r["shape"], r["provider"]))
+        width = 0.8 / max(1, len(provs))
+        for i, p in enumerate(provs):
+            xs = [j + i * width for j, sh in enumerate(shapes) if (sh, p) in idx]
+            pts = [idx[(sh, p)] for sh in shapes if (sh, p) in idx]
+            mid = [r["_p50"] * 1e6 for r in pts]
+            err = [[m - r["_p20"] * 1e6 for m, r in zip(mid, pts)], [r["_p80"] * 1e6 - m for m, r in zip(mid, pts)]]
+            ax.bar(xs, mid, width, yerr=err, capsize=3, label=D9D_LABEL[p])
+        ax.set_xticks([j + width * (len(provs) - 1) / 2 for j in range(len(shapes))], shapes, fontsize=8)
+        ax.set(yscale="log", ylabel="µs per call (median)", title=title)
+        ax.grid(True, axis="y", which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def d9d_section(rows, targets: list, checks_path: Path | None = None) -> list[str]:
+    """bench_d9d.csv (+ bench_d9d_checks.csv): d9d_kernels in d9d against d9d's built-in metrics."""
+    lines = ["## Inside d9d: against d9d's built-in metrics (`bench/bench_d9d.py`)", "",
+             "Loss weighted mean + token sum + top-1 accuracy + macro F1 + binary AUROC (10k bins), "
+             "members updated one by one as a d9d task's `update_metrics` writes it: d9d 0.24's "
+             "`d9d.metric.impl` classes in a `ComposeMetric`, against one `dk.MetricGroup` in "
+             "`ComposeMetric({\"train\": g})`, whose accuracy and F1 share one class statistic (one call "
+             "feeds both). Inputs as a task passes them (token count = the 0-d int64 "
+             "`(labels != -100).sum()`); \"float32 token count\" passes it as a float32 0-d tensor. "
+             "Update: CPU, one thread, contenders interleaved. Sync + compute: `ComposeMetric.sync(ctx)` + "
+             "`compute()` with the same d9d `DistributedContext` (CPU meshes, all ranks dp_shard), spawned "
+             "gloo ranks, rank 0's median; world 4 runs 4 processes on this machine's cores.", ""]
+    idx = _index(rows, lambda r: (r["op"], r["shape"], r["provider"]))
+    provs = [p for p in D9D_LABEL if any(k[2] == p for k in idx)]
+    lines += ["| op | shape | " + " | ".join(D9D_LABEL[p] for p in provs) + " | built-ins / d9d_kernels | "
+              "built-ins / d9d_kernels (float32 count) |", "|" + "---|" * (4 + len(provs))]
+    ratio = defaultdict(list)  # op -> [(built-in / ours, shape)]
+    ratio_f32 = []
+    for op, sh in dict.fromkeys((k[0], k[1]) for k in idx):
+        t = {p: idx[(op, sh, p)]["_p50"] for p in provs if (op, sh, p) in idx}
+        r = t["d9d_builtin"] / t["d9d"] if "d9d_builtin" in t and "d9d" in t else None
+        rf = t["d9d_builtin"] / t["d9d_f32_count"] if "d9d_builtin" in t and "d9d_f32_count" in t else None
+        if r is not None:
+            ratio[op].append((r, sh))
+        if rf is not None:
+            ratio_f32.append((rf, sh))
+        lines.append(f"| {op} | {sh} | " + " | ".join(_fmt_t(t[p]) if p in t else "–" for p in provs)
+                     + f" | {f'{r:.2f}×' if r else '–'} | {f'{rf:.2f}×' if rf else '–'} |")
+    lines.append("")
+    if ratio["update"]:
+        lo, hi = min(ratio["update"]), max(ratio["update"])
+        targets.append(("d9d", "update: d9d built-ins / d9d_kernels (min over shapes)", "≥ 5×",
+                        f"{lo[0]:.2f}× ({lo[1]}) … {hi[0]:.2f}× ({hi[1]})", lo[0] >= 5))
+    if ratio_f32:
+        lo = min(ratio_f32)
+        targets.append(("d9d", "same, token count given as float32 (reported)", "–", f"{lo[0]:.2f}× ({lo[1]})", None))
+    w4 = [(r, sh) for r, sh in ratio["sync_compute"] if "world=4" in sh]
+    if w4:
+        lo = min(w4)
+        targets.append(("d9d", "sync + compute at 4 ranks: d9d built-ins / d9d_kernels (min over C)", "≥ 3×",
+                        f"{lo[0]:.2f}× ({lo[1].split(',')[0]})", lo[0] >= 3))
+    checks = _d9d_checks(checks_path) if checks_path is not None else []
+    if checks:
+        lines += ["| check | provider | case | value | expected | note |", "|---|---|---|---|---|---|"]
+        for c in checks:
+            lines.append(f"| {c['check']} | {D9D_LABEL.get(c['provider'], c['provider'])} | {c['shape']} | "
+                         f"{c['value']} | {c['expected']} | {c['note']} |")
+        lines.append("")
+        steady = defaultdict(list)
+        for c in checks:
+            if c["check"] == "all_reduce_per_sync" and c["shape"].endswith("sync=steady"):
+                steady[c["provider"]].append(int(c["value"]))
+        if steady.get("d9d"):
+            theirs = f" (built-ins: {max(steady['d9d_builtin'])})" if steady.get("d9d_builtin") else ""
+            targets.append(("d9d", "all_reduce calls per steady sync of the group (max over worlds, C)", "1",
+                            f"{max(steady['d9d'])}{theirs}", max(steady["d9d"]) == 1))
+        for check, what in (("token_sum_exact", "token sums past 2^24 exact"),
+                            ("tp_token_count", "token count at dp_shard 2 × tp 2 = the true count")):
+            got = {(c["provider"], c["shape"]): c for c in checks if c["check"] == check}
+            ours = [c for (p, _), c in got.items() if p == "d9d"]
+            if ours:
+                ok = all(c["value"] == c["expected"] for c in ours)
+                theirs = "; ".join(f"{c['shape']}: {c['value']} vs {c['expected']}" for (p, _), c in got.items()
+                                   if p == "d9d_builtin")
+                targets.append(("d9d", what, "exact", ("yes" if ok else "no") + (f" (built-ins: {theirs})" if theirs else ""),
+                                ok))
+    return lines
+
+
 def generic_section(name: str, rows) -> list[str]:
     lines = [f"## `{name}` (`bench/{name}.py`)", "",
              "Median per (op, shape, provider), as written by the benchmark; see its docstring for the question.", ""]
@@ -795,11 +901,13 @@ def build(results: Path, doc: Path, plots: bool = True) -> tuple[str, str]:
     sections, targets, pngs = [], [], []
     known = {"bench_update": (update_section, plot_update), "bench_sync": (sync_section, plot_sync),
              "bench_training": (training_section, plot_training), "bench_scale": (scale_section, plot_scale),
-             "bench_update_hostcost": (hostcost_section, None)}
+             "bench_update_hostcost": (hostcost_section, None), "bench_d9d": (None, plot_d9d)}
     csvs = sorted(results.glob("*.csv"))
     gpu = gpu_name(results)
     ordered = [results / f"{k}.csv" for k in known] + [p for p in csvs if p.stem not in known]
     for path in ordered:
+        if path.stem == "bench_d9d_checks":
+            continue  # plain rows (counts, values), read by the bench_d9d section
         if path.stem == "class_stats_variants_cuda":  # plain rows (bench/cuda_probe.py), no quantiles
             with open(path, newline="") as f:
                 rows = list(csv.DictReader(f))
@@ -817,6 +925,8 @@ def build(results: Path, doc: Path, plots: bool = True) -> tuple[str, str]:
             sections += forward_section(rows, targets)
         elif name == "bench_update_segmentation":
             sections += segmentation_section(rows, targets, path.with_name(f"{name}_memory.csv"))
+        elif name == "bench_d9d":
+            sections += d9d_section(rows, targets, path.with_name("bench_d9d_checks.csv"))
         elif name == "bench_update_segmentation_memory":
             continue  # read by the segmentation section
         elif name.endswith("_cuda") and gpu is None:

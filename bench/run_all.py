@@ -21,10 +21,10 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-BENCHES = ("kernels", "update", "sync", "ring", "training", "scale", "lm")
+BENCHES = ("kernels", "update", "sync", "ring", "training", "scale", "lm", "d9d")
 # seconds allowed per benchmark in --quick mode (sum < 10 min with the report)
 QUICK_LIMIT = {"kernels": 180, "update": 150, "sync": 150, "ring": 45, "training": 60,
-               "scale": 60, "lm": 120}  # took 27, 19, 107, 22, 18, 3, ~30 s
+               "scale": 60, "lm": 120, "d9d": 90}  # took 27, 19, 107, 22, 18, 3, ~30, ~30 s
 
 
 def parse(argv=None):

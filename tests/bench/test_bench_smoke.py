@@ -189,3 +189,33 @@ def test_report_gpu_sections(tmp_path):
     one_d = min(p50[(op, shape, "floor")] / p50[(op, shape, "cuda")] for op in ("weighted_moments", "running_extrema"))
     row = next(line for line in block.splitlines() if line.startswith("| kernels (GPU) | 1-D kernels"))
     assert f"| {one_d:.2f} |" in row
+
+
+@pytest.mark.timeout(300)
+def test_d9d_tiny_run_and_report(tmp_path):
+    """bench_d9d.py --tiny: well-formed timing rows for both contenders, the checks give the
+    measured facts (1 all_reduce per steady group sync, 13 for d9d's built-ins; exact float64
+    token sums, float32 ones off), and the report renders its section, targets and plot."""
+    pytest.importorskip("d9d")
+    import report
+
+    out = tmp_path / "bench_d9d.csv"
+    proc = subprocess.run([sys.executable, str(BENCH / "bench_d9d.py"), "--tiny", "--out", str(out)],
+                          cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    rows = report.load(out)
+    assert {(r["op"], r["provider"]) for r in rows} == {
+        ("update", p) for p in ("d9d_builtin", "d9d", "d9d_f32_count")} | {
+        ("sync_compute", p) for p in ("d9d_builtin", "d9d")}
+    for r in rows:
+        assert 0 < r["_p20"] <= r["_p50"] <= r["_p80"], r
+    checks = _rows(tmp_path / "bench_d9d_checks.csv")
+    steady = {c["provider"]: int(c["value"]) for c in checks
+              if c["check"] == "all_reduce_per_sync" and c["shape"].endswith("sync=steady")}
+    assert steady == {"d9d": 1, "d9d_builtin": 13}
+    sums = {(c["provider"], c["shape"]): c for c in checks if c["check"] == "token_sum_exact"}
+    assert all(c["value"] == c["expected"] for (p, _), c in sums.items() if p == "d9d")
+    assert any(c["value"] != c["expected"] for (p, _), c in sums.items() if p == "d9d_builtin")
+    text, _ = report.build(tmp_path, tmp_path / "performance.md")
+    assert "## Inside d9d" in text and "| d9d | update: d9d built-ins / d9d_kernels" in text
+    assert (tmp_path / "bench_d9d.png").stat().st_size > 1000

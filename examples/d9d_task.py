@@ -1,0 +1,199 @@
+"""A d9d train task whose metrics are one ``dk.MetricGroup``: ``python examples/d9d_task.py``.
+
+``LMTask`` is a ``d9d.loop.control.TrainTask`` for a causal language model:
+
+* ``create_metrics`` returns ``{"train": g}``, one ``dk.MetricGroup`` of the
+  loss (``WeightedMeanMetric``, weighted by the microbatch's token count), the
+  token count (``SumMetric``), accuracy, top-5 accuracy and perplexity. d9d's
+  loop wraps the dict in its ``ComposeMetric``.
+* ``compute_loss`` writes the loss, the logits and the token count into the
+  microbatch's state (d9d's ``PipelineStateHandler`` keeps tensors written
+  there and detaches them when the microbatch ends).
+* ``update_metrics`` feeds the group from that state: the two aggregation
+  members one by one, then ``g.update(preds=logits, target=labels)``, one
+  fused kernel call for accuracy, top-5 and perplexity. Labels equal to
+  ``IGNORE_INDEX`` (-100) are left out by every member; nothing reads a
+  tensor on the host.
+
+d9d's own loop (``d9d.loop.run``) needs CUDA: its metric collector moves the
+metrics to ``"cuda"`` and syncs and computes them on a side CUDA stream. So
+that this file runs on any machine, ``main`` drives the same calls the loop
+makes, in the loop's order, on CPU with a tiny random model:
+``build_forward_inputs`` -> model -> ``compute_loss`` -> backward ->
+``update_metrics`` per microbatch, and on logging steps what
+``AsyncMetricCollector.schedule_collection`` / ``collect_results`` do:
+``metrics.sync(dist_context)`` when the context is distributed, a copy of
+``metrics.compute()``, ``metrics.reset()``. The context is a non-distributed
+d9d ``DistributedContext`` (built without its constructor, which calls
+``torch.cuda.set_device``), so, as in d9d's collector, no sync runs.
+
+    python examples/d9d_task.py [--steps 6] [--microbatches 2] [--log-every 3] [--vocab 50]
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from d9d.core import pytree
+from d9d.core.dist_context import DeviceMeshParameters, DistributedContext
+from d9d.loop.control import (
+    BuildForwardInputsContext,
+    BuildForwardInputsResult,
+    ComputeLossContext,
+    ComputeLossResult,
+    CreateMetricsContext,
+    CreateMetricsResult,
+    TrainTask,
+    UpdateMetricsContext,
+)
+from d9d.metric.impl.container import ComposeMetric
+
+import d9d_kernels as dk
+
+IGNORE_INDEX = -100
+
+
+class LMTask(TrainTask):
+    """Next-token prediction; batches are ``{"input_ids": [B, T], "labels": [B, T]}``."""
+
+    def __init__(self, vocab_size: int):
+        self.vocab_size = vocab_size
+
+    def build_forward_inputs(self, ctx: BuildForwardInputsContext) -> BuildForwardInputsResult:
+        return BuildForwardInputsResult(input={"input_ids": ctx.batch["input_ids"]}, shared={},
+                                        state={"labels": ctx.batch["labels"]})
+
+    def compute_loss(self, ctx: ComputeLossContext) -> ComputeLossResult:
+        logits, labels = ctx.pipeline_results["logits"], ctx.state["labels"]
+        loss = F.cross_entropy(logits.flatten(0, -2), labels.flatten(), ignore_index=IGNORE_INDEX)
+        tokens = (labels != IGNORE_INDEX).sum()  # a 0-d tensor: counting on the device reads nothing on the host
+        # update_metrics only sees the state: the loss, logits and count travel in it
+        ctx.state.update(loss=loss.detach(), logits=logits.detach(), tokens=tokens)
+        # weight = token count: d9d's gradient sync then averages the loss over tokens, as the metric does
+        return ComputeLossResult(loss=loss, loss_weight=tokens.to(loss.dtype))
+
+    def create_metrics(self, ctx: CreateMetricsContext) -> CreateMetricsResult:
+        V, kw = self.vocab_size, dict(task="multiclass", num_classes=self.vocab_size, ignore_index=IGNORE_INDEX)
+        g = dk.MetricGroup({
+            "loss": dk.WeightedMeanMetric(),
+            "tokens": dk.SumMetric(),
+            "acc": dk.Accuracy(**kw),
+            "top5": dk.Accuracy(**kw, top_k=min(5, V)),
+            # num_classes: perplexity shares the accuracies' kernel call (one pass over the logits)
+            "ppl": dk.Perplexity(ignore_index=IGNORE_INDEX, num_classes=V),
+        })
+        return CreateMetricsResult(metrics={"train": g})
+
+    def update_metrics(self, ctx: UpdateMetricsContext) -> None:
+        g, s = ctx.metrics["train"], ctx.state
+        g["loss"].update(values=s["loss"], weights=s["tokens"])
+        g["tokens"].update(values=s["tokens"])
+        g.update(preds=s["logits"], target=s["labels"])  # acc, top5, ppl: the members taking (preds, target)
+
+
+class TinyLM(torch.nn.Module):
+    def __init__(self, vocab: int, dim: int = 32):
+        super().__init__()
+        self.emb = torch.nn.Embedding(vocab, dim)
+        self.head = torch.nn.Linear(dim, vocab)
+
+    def forward(self, input_ids):
+        return {"logits": self.head(torch.tanh(self.emb(input_ids)))}
+
+
+def local_dist_context() -> DistributedContext:
+    """A non-distributed d9d ``DistributedContext`` on a CPU-only machine.
+
+    ``DeviceMeshParameters().build()`` calls ``torch.cuda.set_device``; this
+    sets the attributes its constructor sets for a non-distributed run."""
+    ctx = object.__new__(DistributedContext)
+    ctx._params = DeviceMeshParameters()
+    ctx._meshes = {}
+    ctx._num_nodes = 1
+    ctx._logger = logging.getLogger("d9d_task")
+    ctx._local_rank = ctx._global_rank = ctx._node_rank = 0
+    ctx._master_addr = "127.0.0.1"
+    ctx._current_device = torch.device("cpu")
+    return ctx
+
+
+def make_batch(gen: torch.Generator, vocab: int, batch: int, seq: int) -> dict:
+    """Random tokens; labels are the next token, padding (a random tail per row) is IGNORE_INDEX."""
+    ids = torch.randint(0, vocab, (batch, seq + 1), generator=gen)
+    labels = ids[:, 1:].clone()
+    lengths = torch.randint(seq // 2, seq + 1, (batch,), generator=gen)
+    labels[torch.arange(seq)[None, :] >= lengths[:, None]] = IGNORE_INDEX
+    return {"input_ids": ids[:, :-1], "labels": labels}
+
+
+@dataclass
+class Run:
+    """What ``run`` returns: per logging step, the computed values and the microbatches they cover."""
+
+    logged: list  # [(step, {"train": {name: tensor}})]
+    microbatches: list  # [[{"logits", "labels", "loss", "tokens"}, ...]] one list per logging step
+
+
+def run(steps: int = 6, microbatches: int = 2, log_every: int = 3, vocab: int = 50, batch: int = 4, seq: int = 16,
+        seed: int = 0) -> Run:
+    torch.manual_seed(seed)
+    gen = torch.Generator().manual_seed(seed)
+    dist_context = local_dist_context()
+    task = LMTask(vocab)
+    model = TinyLM(vocab)
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    # d9d.loop.run.train: metrics = ComposeMetric(task.create_metrics(CreateMetricsContext()).metrics)
+    metrics = ComposeMetric(task.create_metrics(CreateMetricsContext()).metrics)
+    out, seen, window = Run([], []), [], []
+    for step in range(1, steps + 1):
+        opt.zero_grad()
+        for _ in range(microbatches):  # one step's pack
+            inputs = task.build_forward_inputs(BuildForwardInputsContext(batch=make_batch(gen, vocab, batch, seq)))
+            state = inputs.state
+            result = task.compute_loss(ComputeLossContext(pipeline_results=model(**inputs.input), state=state,
+                                                          schedule=None))
+            # d9d's LossComputer backpropagates loss * weight; its gradient manager divides by the total weight
+            (result.loss * result.loss_weight).backward()
+            task.update_metrics(UpdateMetricsContext(state=state, metrics=metrics.children))
+            window.append({k: state[k] for k in ("logits", "labels", "loss", "tokens")})
+        total = sum(float(mb["tokens"]) for mb in window[-microbatches:])
+        for p in model.parameters():
+            p.grad /= max(total, 1.0)
+        opt.step()
+        if step % log_every == 0 or step == steps:
+            # AsyncMetricCollector.schedule_collection + collect_results, on the current stream
+            if dist_context.mesh_params.is_distributed:
+                metrics.sync(dist_context)
+            values = pytree.tree_map(lambda x: x.clone(), metrics.compute())
+            metrics.reset()
+            out.logged.append((step, values))
+            out.microbatches.append(window)
+            window = []
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python examples/d9d_task.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("--steps", type=int, default=6)
+    p.add_argument("--microbatches", type=int, default=2)
+    p.add_argument("--log-every", type=int, default=3)
+    p.add_argument("--vocab", type=int, default=50)
+    p.add_argument("--seed", type=int, default=0)
+    a = p.parse_args(argv)
+    if min(a.steps, a.microbatches, a.log_every) < 1 or a.vocab < 2:
+        p.error("--steps, --microbatches and --log-every must be >= 1, --vocab >= 2")
+    res = run(a.steps, a.microbatches, a.log_every, a.vocab, seed=a.seed)
+    names = list(res.logged[0][1]["train"])
+    print("step  " + "  ".join(f"{n:>10s}" for n in names))
+    for step, values in res.logged:
+        print(f"{step:>4d}  " + "  ".join(f"{float(values['train'][n]):>10.4f}" for n in names))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
