@@ -72,10 +72,10 @@ void weighted_moments_cpu(const at::Tensor& x, const std::optional<at::Tensor>& 
                           bool skip_bad, const at::Tensor& state, const at::Tensor& bad,
                           const std::optional<at::Tensor>& pivot) {
   check_weighted_moments(x, y, weights, mask, state, bad, pivot);
-  // The wrapper passes one dtype; direct calls with mixed dtypes are promoted.
-  auto dtype = x.scalar_type();
-  if (y.has_value()) dtype = c10::promoteTypes(dtype, y->scalar_type());
-  if (weights.has_value()) dtype = c10::promoteTypes(dtype, weights->scalar_type());
+  // Mixed dtypes are promoted; integer inputs (a token count) compute as float64, exactly.
+  auto dtype = real_dtype(x.scalar_type());
+  if (y.has_value()) dtype = c10::promoteTypes(dtype, real_dtype(y->scalar_type()));
+  if (weights.has_value()) dtype = c10::promoteTypes(dtype, real_dtype(weights->scalar_type()));
   const at::Tensor xx = x.scalar_type() == dtype ? x : x.to(dtype);
   std::optional<at::Tensor> yy = y, ww = weights;
   if (yy.has_value() && yy->scalar_type() != dtype) yy = yy->to(dtype);

@@ -149,8 +149,8 @@ void launch_moments(const In<T>& in, bool skip_bad, double* piv, double* state, 
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-// Inputs of one dtype are read in place; mixed dtypes (the ops wrapper
-// promotes them first) are converted to the promoted one, which is exact.
+// Inputs of one dtype are read in place; mixed dtypes are converted to the
+// promoted one (integers: float64), which is exact.
 void weighted_moments_cuda(const at::Tensor& x, const std::optional<at::Tensor>& y,
                            const std::optional<at::Tensor>& weights, const std::optional<at::Tensor>& mask,
                            bool skip_bad, const at::Tensor& state, const at::Tensor& bad,
@@ -159,9 +159,9 @@ void weighted_moments_cuda(const at::Tensor& x, const std::optional<at::Tensor>&
   const int64_t n = x.size(0);
   if (n == 0) return;
   const at::cuda::CUDAGuard guard(x.device());
-  auto dtype = x.scalar_type();
-  if (y.has_value()) dtype = c10::promoteTypes(dtype, y->scalar_type());
-  if (weights.has_value()) dtype = c10::promoteTypes(dtype, weights->scalar_type());
+  auto dtype = real_dtype(x.scalar_type());  // integer inputs (a token count) as float64, exactly
+  if (y.has_value()) dtype = c10::promoteTypes(dtype, real_dtype(y->scalar_type()));
+  if (weights.has_value()) dtype = c10::promoteTypes(dtype, real_dtype(weights->scalar_type()));
   auto as = [&](const at::Tensor& t) { return t.scalar_type() == dtype ? t : t.to(dtype); };
   const at::Tensor xx = as(x);
   const std::optional<at::Tensor> yy = y.has_value() ? std::optional<at::Tensor>(as(*y)) : std::nullopt;

@@ -35,6 +35,16 @@ inline void check_floating(const char* op, const char* arg, const at::Tensor& t)
                  "must be float16/bfloat16/float32/float64, got ", t.scalar_type());
 }
 
+// A real-valued input: floating, integral or bool (counts, token numbers).
+inline void check_real(const char* op, const char* arg, const at::Tensor& t) {
+  D9D_CHECK_TYPE(at::isFloatingType(t.scalar_type()) || at::isIntegralType(t.scalar_type(), /*includeBool=*/true), op,
+                 arg, "must be a floating, integer or bool tensor, got ", t.scalar_type());
+}
+
+// The dtype an op computes in for inputs of dtype `t`: integers and bools as float64, which holds
+// them exactly (to 2^53); a float32 would round counts past 2^24.
+inline at::ScalarType real_dtype(at::ScalarType t) { return at::isFloatingType(t) ? t : at::kDouble; }
+
 inline void check_index(const char* op, const char* arg, const at::Tensor& t) {
   D9D_CHECK_TYPE(t.scalar_type() == at::kLong, op, arg, "must be int64, got ", t.scalar_type());
 }

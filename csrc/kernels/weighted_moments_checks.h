@@ -12,15 +12,15 @@ inline void check_weighted_moments(const at::Tensor& x, const std::optional<at::
                                    const at::Tensor& bad, const std::optional<at::Tensor>& pivot) {
   const char* op = "weighted_moments";
   const auto dev = x.device();
-  check_floating(op, "x", x);
+  check_real(op, "x", x);
   D9D_CHECK(x.dim() == 1, op, "x", "must be 1-D [N] (the dk.ops wrapper flattens), got shape ", x.sizes());
   if (y.has_value()) {
-    check_floating(op, "y", *y);
+    check_real(op, "y", *y);
     D9D_CHECK(y->sizes() == x.sizes(), op, "y", "must have the shape of x ", x.sizes(), ", got ", y->sizes());
     check_device(op, "y", *y, dev);
   }
   if (weights.has_value()) {
-    check_floating(op, "weights", *weights);
+    check_real(op, "weights", *weights);
     D9D_CHECK(weights->sizes() == x.sizes(), op, "weights", "must have the shape of x ", x.sizes(), ", got ",
               weights->sizes());
     check_device(op, "weights", *weights, dev);

@@ -200,13 +200,20 @@ class MomentsStatistic(Shareable):
 
     @staticmethod
     def _direct(sample: dict) -> bool:
-        """Whether the raw op takes ``sample`` flattened: ``x`` a floating
-        tensor, ``y``, ``weights`` (or a number), ``mask`` None or of its shape."""
+        """Whether the raw op takes ``sample`` flattened: ``x``, ``y``,
+        ``weights`` (or a number), ``mask`` None or of ``x``'s shape. Of one
+        floating dtype every backend takes them; integer or mixed dtypes (a
+        0-d int64 token count beside a float32 loss) the compiled kernels
+        promote themselves (integers to float64)."""
         x, y, w, mask = (sample.get(k) for k in ("x", "y", "weights", "mask"))
-        if not isinstance(x, torch.Tensor) or x.dtype not in ops.FLOATS:
+        if not isinstance(x, torch.Tensor) or x.dtype.is_complex:
+            return False
+        tensors = [t for t in (x, y, w) if isinstance(t, torch.Tensor)]
+        if any(t.dtype not in ops.FLOATS or t.dtype != x.dtype for t in tensors) and \
+                ops.backend_for("weighted_moments", x.device, None) not in ("cpp", "cuda"):
             return False
         same = lambda t: t is None or (  # noqa: E731
-            isinstance(t, torch.Tensor) and t.shape == x.shape and t.dtype == x.dtype
+            isinstance(t, torch.Tensor) and t.shape == x.shape and not t.dtype.is_complex
         )
         return (
             same(y)

@@ -70,11 +70,12 @@ def _check_real(op: str, arg: str, t, device: torch.device) -> None:
 
 
 def as_float(op: str, arg: str, t: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """A floating tensor on ``device``; integer/bool inputs become float32."""
+    """A floating tensor on ``device``; integer/bool inputs become float64,
+    which holds them exactly (float32 rounds counts past 2^24)."""
     _check_real(op, arg, t, device)
     if t.dtype in FLOATS:
         return t
-    return t.to(torch.float32)
+    return t.to(torch.float64)
 
 
 def as_index(op: str, arg: str, t: torch.Tensor, device: torch.device) -> torch.Tensor:

@@ -43,11 +43,11 @@ def _index(op: str, arg: str, t: torch.Tensor, dev: torch.device) -> None:
 
 def weighted_moments(x, y, weights, mask, skip_bad, state, bad, pivot):
     op, dev = "weighted_moments", x.device
-    _ok(x.dtype in FLOATS, op, "x", f"must be float16/bfloat16/float32/float64, got {x.dtype}")
+    _ok(not x.dtype.is_complex, op, "x", f"must be a floating, integer or bool tensor, got {x.dtype}")
     _ok(x.dim() == 1, op, "x", f"must be 1-D [N] (the dk.ops wrapper flattens), got shape {list(x.shape)}")
     for name, t in (("y", y), ("weights", weights)):
         if t is not None:
-            _ok(t.dtype in FLOATS, op, name, f"must be float16/bfloat16/float32/float64, got {t.dtype}")
+            _ok(not t.dtype.is_complex, op, name, f"must be a floating, integer or bool tensor, got {t.dtype}")
             _ok(t.shape == x.shape, op, name, f"must have the shape of x {list(x.shape)}, got {list(t.shape)}")
             _device(op, name, t, dev)
     _mask(op, mask, x.shape, dev)

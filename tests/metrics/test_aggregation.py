@@ -160,3 +160,28 @@ def test_mean_metric_is_the_weighted_mean_with_torchmetrics_names():
     assert m.compute().item() == pytest.approx(ref, rel=1e-14)
     with pytest.raises(ValueError, match=r"MeanMetric\.update: argument 'weight' of shape \(4,\) does not broadcast to value \(3,\)"):
         m.update(torch.zeros(3), weight=torch.ones(4))
+
+
+def test_integer_token_counts_are_exact_and_take_the_compiled_update():
+    """An int64 0-d token count ((labels != -100).sum()) as the value of a SumMetric or
+    the weight of a loss mean: exact past 2^24 (float32 would round) and, after the first
+    call, one compiled op call like float inputs (the runner files the signature)."""
+    from d9d_kernels.core import compiled
+
+    big = 2**24 + 1
+    s, loss = dk.SumMetric(), dk.WeightedMeanMetric()
+    ref_n, ref_num = 0, 0.0
+    rng = np.random.default_rng(4)
+    for step in range(4):
+        n = torch.tensor(big + step)  # int64, 0-d
+        v = torch.tensor(rng.normal(), dtype=torch.float32)
+        s.update(n)
+        loss.update(values=v, weights=n)
+        ref_n += big + step
+        ref_num += float(v) * (big + step)
+    assert s.compute().item() == ref_n  # exact integer
+    assert loss.compute().item() == pytest.approx(ref_num / ref_n, rel=1e-15)
+    if compiled.enabled():
+        assert compiled.fast_update(s, (torch.tensor(3),), {}) is True
+        assert compiled.fast_update(loss, (), dict(values=torch.tensor(1.0), weights=torch.tensor(2))) is True
+    assert s.compute().item() == ref_n + 3 or not compiled.enabled()

@@ -182,7 +182,7 @@ def test_bad_input_direct_op():
     st, bad = f64(9), f64(1)
     op = "weighted_moments"
     call = lambda *a: torch.ops.d9d_kernels.weighted_moments(*a)  # noqa: E731
-    assert_rejects(lambda: call(x.long(), None, None, None, False, st, bad, None), op, "x", [st, bad])
+    assert_rejects(lambda: call(x.to(torch.complex64), None, None, None, False, st, bad, None), op, "x", [st, bad])
     assert_rejects(lambda: call(x, torch.randn(11), None, None, False, st, bad, None), op, "y", [st, bad])
     assert_rejects(lambda: call(x, None, torch.rand(9), None, False, st, bad, None), op, "weights", [st, bad])
     assert_rejects(lambda: call(x, None, None, torch.ones(10), False, st, bad, None), op, "mask", [st, bad])
