@@ -187,8 +187,9 @@ def test_report_gpu_sections(tmp_path):
     p50 = {(r["op"], r["shape"], r["provider"]): float(r["p50_us"]) for r in _rows(tmp_path / names[0])}
     shape = "N=100000000,C=0"
     one_d = min(p50[(op, shape, "floor")] / p50[(op, shape, "cuda")] for op in ("weighted_moments", "running_extrema"))
-    row = next(line for line in block.splitlines() if line.startswith("| kernels (GPU) | 1-D kernels"))
+    row = next(line for line in text.splitlines() if line.startswith("| kernels (GPU) | 1-D kernels"))
     assert f"| {one_d:.2f} |" in row
+    assert "docs/performance.md" in block and block.count("\n| ") <= 5  # the README: headline rows only
 
 
 @pytest.mark.timeout(300)
