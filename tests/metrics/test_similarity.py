@@ -150,8 +150,10 @@ def test_running_mean_nan_strategies():
     err = _fed(dk.RunningMean(window=2, nan_strategy="error"), v)
     with pytest.raises(ValueError, match="1 invalid"):
         err.compute()
+    imputed = _fed(dk.RunningMean(window=2, nan_strategy=0.0), v).compute()  # a float imputes NaN, as torchmetrics
+    assert imputed.item() == pytest.approx(quiet(torchmetrics.aggregation.RunningMean(window=2, nan_strategy=0.0), v).item())
     with pytest.raises(ValueError, match=r"RunningMean.*'nan_strategy'"):
-        dk.RunningMean(nan_strategy=0.0)
+        dk.RunningMean(nan_strategy="sometimes")
 
 
 def _fed(m, v):
