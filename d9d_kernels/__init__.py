@@ -18,6 +18,7 @@ _SUBMODULES = ("ops", "reference", "functional", "checkpoint", "distributed", "m
 _NAMES = {
     "DistributedContext": "d9d_kernels.distributed",
     "VocabShard": "d9d_kernels.metrics.vocab_parallel",
+    "LinearLogits": "d9d_kernels.metrics.linear_logits",
     "Metric": "d9d_kernels.core.metric",
     "MetricGroup": "d9d_kernels.core.group",
     **{n: "d9d_kernels.metrics.aggregation" for n in ("SumMetric", "WeightedMeanMetric", "MeanMetric", "MaxMetric", "MinMetric")},
@@ -31,6 +32,11 @@ _NAMES = {
             "CalibrationError", "Dice", "DiceScore", "GeneralizedDiceScore", "MeanIoU", "KLDivergence",
             "CosineSimilarity", "MeanAbsolutePercentageError", "SymmetricMeanAbsolutePercentageError", "RunningMean",
             "ExponentialMovingAverage",
+            "MeanSquaredLogError", "NormalizedRootMeanSquaredError", "WeightedMeanAbsolutePercentageError",
+            "LogCoshError", "MinkowskiDistance", "RelativeSquaredError", "ConcordanceCorrCoef",
+            "TweedieDevianceScore", "CriticalSuccessIndex", "StatScores", "HammingDistance", "ExactMatch",
+            "NegativePredictiveValue", "Running", "RunningSum", "JensenShannonDivergence", "ROC",
+            "PrecisionRecallCurve",
         )
     },
 }

@@ -36,9 +36,11 @@ import d9d_kernels.metrics.catalogue as catalogue
 tm = pytest.importorskip("torchmetrics")
 
 TASK_PREFIXES = (("Binary", "binary"), ("Multiclass", "multiclass"), ("Multilabel", "multilabel"))
-SUBMODULES = ("classification", "regression", "aggregation", "text", "segmentation")
+SUBMODULES = ("classification", "regression", "aggregation", "text", "segmentation", "wrappers")
 #: fixed-bin AUROC / AveragePrecision vs torchmetrics' exact curves (1e-3 at 10 000 bins, docs/metrics.md)
 BINNED = {"AUROC", "AveragePrecision"}
+#: binned curves (tuples of tensors): compared with torchmetrics' binned mode only
+CURVES = {"ROC", "PrecisionRecallCurve"}
 
 
 def _dk_names() -> list[str]:
@@ -99,6 +101,16 @@ def test_every_shared_class_has_docstring_examples():
         assert name in shared, name
 
 
+def test_issue_35_classes_have_docstring_examples():
+    """The classes added for issue #35 (item 4) whose torchmetrics docstrings hold examples."""
+    shared = {c.values[0] for c in CASES}
+    for name in ("MeanSquaredLogError", "NormalizedRootMeanSquaredError", "WeightedMeanAbsolutePercentageError",
+                 "LogCoshError", "MinkowskiDistance", "RelativeSquaredError", "ConcordanceCorrCoef",
+                 "TweedieDevianceScore", "CriticalSuccessIndex", "StatScores", "HammingDistance", "ExactMatch",
+                 "NegativePredictiveValue", "JensenShannonDivergence", "RunningSum"):
+        assert name in shared, name
+
+
 class _Recorder:
     """Stands in for a torchmetrics class to capture the constructor arguments."""
 
@@ -122,8 +134,16 @@ def _dk_metric(name: str, task: str | None, tm_cls: type, args: tuple, kwargs: d
     ``Accuracy(task="multiclass")`` "micro"; d9d_kernels follows the wrapper).
     """
     cls = getattr(dk, name)
-    if args:
-        return None, f"{name}: positional constructor arguments"
+    if args:  # by the names torchmetrics gives them (MinkowskiDistance(3), CriticalSuccessIndex(0.5))
+        try:
+            bound = inspect.signature(tm_cls.__init__).bind(None, *args, **kwargs).arguments
+        except TypeError:
+            return None, f"{name}: positional constructor arguments"
+        if any(isinstance(a, tm.Metric) for a in args):
+            return None, f"{name}: a torchmetrics metric as constructor argument"
+        kwargs = {k: v for k, v in list(bound.items())[1:] if k != "kwargs"}
+        kwargs.update(bound.get("kwargs", {}))
+        args = ()
     params = inspect.signature(cls.__init__).parameters
     kw = {}
     if task is not None:
@@ -138,8 +158,9 @@ def _dk_metric(name: str, task: str | None, tm_cls: type, args: tuple, kwargs: d
     unknown = sorted(k for k in kw if k not in params)
     if unknown:
         return None, f"{name}: torchmetrics argument(s) {unknown} not taken by d9d_kernels (docs/metrics.md)"
-    if name in BINNED and isinstance(kw.get("thresholds"), int):
-        return None, f"{name}: thresholds=int is torchmetrics' threshold grid, not d9d_kernels' score bins (docs/metrics.md)"
+    if name in CURVES and kw.get("thresholds") is None:
+        return None, f"{name}: thresholds=None is torchmetrics' exact curve (its length grows with the data); " \
+                     "d9d_kernels' curves are binned (docs/metrics.md)"
     try:
         return cls(**kw), None
     except ValueError as e:  # a documented difference (e.g. MeanIoU(per_class=True) needs num_classes here)
@@ -155,6 +176,14 @@ def _samplewise(kwargs: dict) -> bool:
 
 
 def _compare(name, ours, theirs, what, samplewise=False):
+    if isinstance(ours, tuple):  # a curve: (x, y, thresholds); torchmetrics may give per-class lists
+        for i, (a, e) in enumerate(zip(ours, theirs)):
+            _compare_one(name, a, torch.stack(e) if isinstance(e, (list, tuple)) else e, f"{what}[{i}]", samplewise)
+        return
+    _compare_one(name, ours, theirs, what, samplewise)
+
+
+def _compare_one(name, ours, theirs, what, samplewise=False):
     """``samplewise``: torchmetrics returns one value per sample seen; a packed
     state cannot grow with the samples, so d9d_kernels returns their mean
     (a documented difference, docs/metrics.md)."""
@@ -169,6 +198,7 @@ def _compare(name, ours, theirs, what, samplewise=False):
 @pytest.mark.parametrize("name, tm_cls, task, examples", CASES)
 def test_docstring_examples(name, tm_cls, task, examples):
     ns: dict = {"torch": torch, "tensor": torch.tensor}  # some examples use `tensor` unimported
+    ns.update({tm_cls.__name__: tm_cls, "randn": torch.randn})  # and their class / randn (WMAPE's example)
     pairs: dict[str, tuple] = {}  # variable -> (tm class, args, kwargs, dk metric, tm metric)
     compared, skipped = 0, []
     ctor = re.compile(r"^(\w+)\s*=\s*(\w+)\((.*)\)\s*$", re.S)
@@ -177,7 +207,7 @@ def test_docstring_examples(name, tm_cls, task, examples):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for ex in examples:
-            src = ex.source.strip()
+            src = re.sub(r"\s*#\s*doctest:.*$", "", ex.source.strip())
             m = ctor.match(src)
             if m and isinstance(ns.get(m.group(2)), type) and issubclass(ns[m.group(2)], tm.Metric):
                 var, cls_name = m.group(1), m.group(2)
@@ -225,7 +255,10 @@ def test_docstring_examples(name, tm_cls, task, examples):
             if any(re.search(rf"\b{v}\b", src) for v in pairs):
                 skipped.append(f"unparsed use of a metric: {src[:60]}")
                 continue
-            exec(src, ns)
+            try:
+                exec(src, ns)
+            except NameError as e:  # a name an unparsed line above would have set (fpr, tpr, ... = metric(...))
+                skipped.append(f"uses a value of an unparsed line ({e}): {src[:40]}")
     if compared == 0:
         pytest.skip("; ".join(sorted(set(skipped))) or "no comparable example")
     for reason in sorted(set(skipped)):  # shown in pytest's warnings summary: the examples not compared, and why

@@ -418,6 +418,28 @@ class Metric(metaclass=_MetricMeta):
             return
         object.__setattr__(self, name, value)
 
+    #: per-process caches left out of a pickle / deepcopy (rebuilt lazily):
+    #: attribute -> its empty value, or None where absence means empty
+    _TRANSIENT = {"_fused_plan": None, "_positional": None, "_forward_cache": dict, "_sig_cache": dict}
+
+    def __getstate__(self) -> dict:
+        """Pickle / ``copy.deepcopy``: configuration and state (the storage
+        pickles its buffers, ``Storage.__getstate__``); fused plans and routing
+        caches are left out and rebuilt at first use. A group member is
+        pickled with its group (``_group``), so it keeps the group's storage."""
+        state = self.__dict__.copy()
+        for name, empty in self._TRANSIENT.items():
+            if name in state:
+                if empty is None:
+                    del state[name]
+                else:
+                    state[name] = empty()
+        state["_collector"] = None
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+
     # -- lifecycle ----------------------------------------------------------------
     def update(self, *args, **kwargs) -> None:
         """Adds a batch (custom metrics: the arguments of ``_update``)."""

@@ -108,6 +108,18 @@ class Layout:
         self.schema = "\n".join(lines)
         self.fingerprint = hashlib.sha256(self.schema.encode()).hexdigest()[:16]
 
+    def __getstate__(self) -> dict:
+        """Pickle / deepcopy: the owners as strong references (weak ones do not
+        pickle; the metrics are pickled with the layout's storage anyway)."""
+        state = self.__dict__.copy()
+        state["owners"] = [(label, ref()) for label, ref in self.owners]
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        owners = state.pop("owners")
+        self.__dict__.update(state)
+        self.owners = [(label, _dead if m is None else weakref.ref(m)) for label, m in owners]
+
     def views(self, bufs: dict[str, torch.Tensor], j: int, kinds=KINDS) -> dict[str, torch.Tensor]:
         return {
             s.name: bufs[s.kind].narrow(0, o, numel(s.shape)).view(s.shape)
@@ -130,6 +142,11 @@ class Layout:
             return "no slots"
         _, j, s = best
         return f"{type(self.stats[j]).__name__}.{s.name} {list(s.shape)}"
+
+
+def _dead() -> None:
+    """A weak reference whose metric was gone when its layout was pickled."""
+    return None
 
 
 def format_bytes(n: float) -> str:
@@ -449,6 +466,32 @@ class Storage:
         new.dirty = self.dirty
         new.handshakes = dict(self.handshakes)
         return new
+
+    def __getstate__(self) -> dict:
+        """Pickle: the layout, the local state and the synced snapshot. What
+        refers to this process (compiled runners, update plans, forward
+        scratch, sync handshakes with its process groups) is left out and
+        rebuilt lazily; REPLICA pivots are aligned again at the next sync."""
+        if self.pending is not None:
+            raise RuntimeError(f"{self.label}: pickled while a sync is in flight; call wait_sync() first")
+        return {"layout": self.layout, "label": self.label, "device": self.device,
+                "local": {k: v.detach() for k, v in self.local.items()},
+                "synced": None if self.synced is None else {k: v.detach() for k, v in self.synced.items()},
+                "dirty": self.dirty}
+
+    def __setstate__(self, state: dict) -> None:
+        self.layout, self.label, self.device = state["layout"], state["label"], state["device"]
+        self._alloc()
+        for k in KINDS:
+            self.local[k].copy_(state["local"][k])
+        synced = state["synced"]
+        self.synced = None if synced is None else {k: v.to(self.device, copy=True) for k, v in synced.items()}
+        self.synced_views = None if self.synced is None else [
+            self.layout.views(self.synced, j) for j in range(len(self.layout.stats))
+        ]
+        self.pending = None
+        self.dirty = state["dirty"]
+        self.handshakes = {}
 
     def _reset_kinds(self) -> tuple[str, ...]:
         """The kinds ``reset`` fills: REPLICA too (moment pivots re-picked

@@ -30,6 +30,21 @@ from d9d_kernels.metrics.segmentation import Dice, DiceScore, GeneralizedDiceSco
 from d9d_kernels.metrics.similarity import CosineSimilarity, KLDivergence
 from d9d_kernels.metrics.percentage_error import MeanAbsolutePercentageError, SymmetricMeanAbsolutePercentageError
 from d9d_kernels.metrics.running import ExponentialMovingAverage, RunningMean
+from d9d_kernels.metrics.regression_extended import (
+    ConcordanceCorrCoef,
+    CriticalSuccessIndex,
+    LogCoshError,
+    MeanSquaredLogError,
+    MinkowskiDistance,
+    NormalizedRootMeanSquaredError,
+    RelativeSquaredError,
+    TweedieDevianceScore,
+    WeightedMeanAbsolutePercentageError,
+)
+from d9d_kernels.metrics.classification_extended import ExactMatch, HammingDistance, NegativePredictiveValue, StatScores
+from d9d_kernels.metrics.divergence import JensenShannonDivergence
+from d9d_kernels.metrics.running_window import Running, RunningSum
+from d9d_kernels.metrics.curves import ROC, PrecisionRecallCurve
 
 __all__ = [
     "Accuracy",
@@ -61,4 +76,22 @@ __all__ = [
     "SymmetricMeanAbsolutePercentageError",
     "RunningMean",
     "ExponentialMovingAverage",
+    "MeanSquaredLogError",
+    "NormalizedRootMeanSquaredError",
+    "WeightedMeanAbsolutePercentageError",
+    "LogCoshError",
+    "MinkowskiDistance",
+    "RelativeSquaredError",
+    "ConcordanceCorrCoef",
+    "TweedieDevianceScore",
+    "CriticalSuccessIndex",
+    "StatScores",
+    "HammingDistance",
+    "ExactMatch",
+    "NegativePredictiveValue",
+    "Running",
+    "RunningSum",
+    "JensenShannonDivergence",
+    "ROC",
+    "PrecisionRecallCurve",
 ]

@@ -30,6 +30,8 @@ torchmetrics reads them: scores ``[N, C, d1, ...]`` with targets
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from d9d_kernels.core.metric import Metric
@@ -40,6 +42,7 @@ from d9d_kernels.metrics.samplewise import SamplewiseStatistic
 from d9d_kernels.metrics.vocab_parallel import resolve
 from d9d_kernels.metrics.formulas import classification as F
 from d9d_kernels.metrics.labelled import INPUTS
+from d9d_kernels.metrics.linear_logits import TAKEN_BY, LinearLogits, check_linear, unsupported
 
 __all__ = [
     "Accuracy",
@@ -55,6 +58,27 @@ __all__ = [
 ]
 
 
+#: why a multiclass metric needs ``num_classes`` (torchmetrics' task wrappers require it too)
+NUM_CLASSES_REQUIRED = (
+    "is required for task='multiclass', also for average='micro' (torchmetrics' task wrapper requires it as well; "
+    "only its MulticlassAccuracy(num_classes=None, average='micro') goes without): the per-class counts live in a "
+    "fixed-size packed state allocated at construction, class-index preds carry no class count to infer it from, "
+    "and out-of-range targets are counted against it. Pass num_classes=C"
+)
+
+
+def check_zero_division(metric: str, value, taken: bool = True) -> float:
+    """``zero_division`` as a float: 0, 1 or NaN (torchmetrics' values; NaN as
+    its arithmetic gives it, e.g. ``validate_args=False`` or JaccardIndex)."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not ok or not (float(value) in (0.0, 1.0) or value != value):
+        A.fail(metric, "zero_division", f"must be 0, 1 or float('nan'), got {value!r}")
+    if not taken and float(value) != 0.0:
+        A.fail(metric, "zero_division", f"is not taken by {metric} (torchmetrics' {metric} has none either: an "
+               "undefined value is 0.0 here); drop it")
+    return float(value)
+
+
 class _Classification(Metric):
     """Task / argument handling shared by every classification metric."""
 
@@ -63,6 +87,12 @@ class _Classification(Metric):
     _needs_confmat = False
     _has_multidim_average = True
     _allowed_tasks = A.TASKS
+    #: takes ``preds=LinearLogits`` with top_k > 1: the formula reads no per-class predicted counts
+    _linear_top_k = False
+    #: whether the value reads ``zero_division`` (torchmetrics: Precision, Recall,
+    #: F-beta, Jaccard); Accuracy and Specificity take it and ignore it, as there
+    _uses_zero_division = False
+    _takes_zero_division = True
 
     def __init__(
         self,
@@ -76,9 +106,11 @@ class _Classification(Metric):
         nan_strategy: str = "error",
         multidim_average: str = "global",
         class_dim: int | None = None,
+        zero_division: float = 0.0,
     ):
         super().__init__(nan_strategy=nan_strategy)
         name = type(self).__name__
+        zero_division = check_zero_division(name, zero_division, self._takes_zero_division)
         A.check_choice(name, "task", task, self._allowed_tasks)
         A.check_choice(name, "multidim_average", multidim_average, A.MULTIDIM_AVERAGES)
         if multidim_average != "global" and not self._has_multidim_average:
@@ -95,7 +127,7 @@ class _Classification(Metric):
         A.check_threshold(name, threshold)
         A.check_int(name, "top_k", top_k)
         if task == "multiclass":
-            A.check(num_classes is not None, name, "num_classes", "is required for task='multiclass'")
+            A.check(num_classes is not None, name, "num_classes", NUM_CLASSES_REQUIRED)
             A.check_int(name, "num_classes", num_classes, lo=2)
             if not (top_k <= num_classes):
                 A.fail(name, "top_k", f"must be <= num_classes={num_classes}, got {top_k}")
@@ -116,6 +148,7 @@ class _Classification(Metric):
         self.ignore_index = ignore_index
         self.multidim_average = multidim_average
         self.class_dim = class_dim
+        self.zero_division = zero_division
         self.__class__ = self._variant()
 
     def _variant(self) -> type:
@@ -192,7 +225,15 @@ class _Classification(Metric):
         (``[..., size]``, class dim last; task="multiclass",
         multidim_average="global"): the tp ranks exchange per-row partials
         (one all-gather per update) and each writes the state of the
-        unsharded scores (``d9d_kernels.metrics.vocab_parallel``)."""
+        unsharded scores (``d9d_kernels.metrics.vocab_parallel``).
+
+        ``preds`` may be ``dk.LinearLogits(hidden, weight)`` (task="multiclass",
+        hidden ``[N, D]`` / ``[B, T, D]`` with target ``[N]`` / ``[B, T]``):
+        the logits are never materialised (``d9d_kernels.metrics.linear_logits``);
+        with ``vocab``, ``weight`` is this tp rank's shard."""
+        if isinstance(preds, LinearLogits):
+            self._update_linear(preds, target, mask, vocab)
+            return
         if vocab is not None:
             self._check_vocab(preds, target, mask)
             name = type(self).__name__
@@ -203,6 +244,17 @@ class _Classification(Metric):
         if mask is not None and target_cl is not target:
             mask = A.channel_last(torch.broadcast_to(mask, target.shape), 1)
         self._feed({"stats": dict(preds=preds_cl, target=target_cl, mask=mask)})
+
+    def _update_linear(self, preds: LinearLogits, target, mask, vocab) -> None:
+        name = type(self).__name__
+        why = unsupported(self)
+        if why is not None:
+            A.fail(name, "preds", f"is a dk.LinearLogits, which {why}; LinearLogits is taken by: {TAKEN_BY}")
+        check_linear(name, preds, target, mask, self.num_classes, vocab)
+        kw = dict(preds=preds, target=target, mask=mask)
+        if vocab is not None:
+            kw["vocab"] = resolve(name, vocab, preds, target, self.num_classes)
+        self._feed({"stats": kw})
 
     def _check_vocab(self, preds, target, mask):
         """Metadata checks of a vocab-sharded update (this rank's own; ``resolve`` checks across tp)."""
@@ -275,38 +327,54 @@ class Accuracy(_Classification):
         0.75
     """
 
+    _linear_top_k = True
+
     def _formula(self, tp, fp, tn, fn, average, multilabel, top_k):
         return F.accuracy(tp, fp, tn, fn, average, multilabel, top_k)
 
 
 class Precision(_Classification):
-    """Precision ``tp / (tp + fp)`` (torchmetrics ``Precision`` / sklearn ``precision_score``)."""
+    """Precision ``tp / (tp + fp)`` (torchmetrics ``Precision`` / sklearn ``precision_score``).
+
+    ``zero_division`` (0, 1 or NaN): the score of a class with ``tp + fp == 0``."""
+
+    _uses_zero_division = True
 
     def _formula(self, tp, fp, tn, fn, average, multilabel, top_k):
-        return F.precision(tp, fp, tn, fn, average, multilabel, top_k)
+        return F.precision(tp, fp, tn, fn, average, multilabel, top_k, self.zero_division)
 
 
 class Recall(_Classification):
-    """Recall ``tp / (tp + fn)`` (torchmetrics ``Recall`` / sklearn ``recall_score``)."""
+    """Recall ``tp / (tp + fn)`` (torchmetrics ``Recall`` / sklearn ``recall_score``).
+
+    ``zero_division`` (0, 1 or NaN): the score of a class with ``tp + fn == 0``."""
+
+    _uses_zero_division = True
+    _linear_top_k = True
 
     def _formula(self, tp, fp, tn, fn, average, multilabel, top_k):
-        return F.recall(tp, fp, tn, fn, average, multilabel, top_k)
+        return F.recall(tp, fp, tn, fn, average, multilabel, top_k, self.zero_division)
 
 
 class FBetaScore(_Classification):
-    """F-beta (torchmetrics ``FBetaScore`` / sklearn ``fbeta_score``)."""
+    """F-beta (torchmetrics ``FBetaScore`` / sklearn ``fbeta_score``).
+
+    ``zero_division`` (0, 1 or NaN): the score of a class with ``tp + fp + fn == 0``."""
+
+    _uses_zero_division = True
 
     def __init__(self, task: str, beta: float = 1.0, num_classes=None, num_labels=None, threshold=0.5, top_k=1,
-                 average="default", ignore_index=None, nan_strategy="error", multidim_average="global", class_dim=None):
+                 average="default", ignore_index=None, nan_strategy="error", multidim_average="global", class_dim=None,
+                 zero_division: float = 0.0):
         name = type(self).__name__
         A.check(isinstance(beta, (int, float)) and not isinstance(beta, bool) and beta > 0, name, "beta",
                 f"must be a float > 0, got {beta!r}")
         self.beta = float(beta)
         super().__init__(task, num_classes, num_labels, threshold, top_k, average, ignore_index, nan_strategy,
-                         multidim_average, class_dim)
+                         multidim_average, class_dim, zero_division)
 
     def _formula(self, tp, fp, tn, fn, average, multilabel, top_k):
-        return F.fbeta(tp, fp, tn, fn, self.beta, average, multilabel, top_k)
+        return F.fbeta(tp, fp, tn, fn, self.beta, average, multilabel, top_k, self.zero_division)
 
 
 class F1Score(FBetaScore):
@@ -321,9 +389,10 @@ class F1Score(FBetaScore):
     """
 
     def __init__(self, task: str, num_classes=None, num_labels=None, threshold=0.5, top_k=1,
-                 average="default", ignore_index=None, nan_strategy="error", multidim_average="global", class_dim=None):
+                 average="default", ignore_index=None, nan_strategy="error", multidim_average="global", class_dim=None,
+                 zero_division: float = 0.0):
         super().__init__(task, 1.0, num_classes, num_labels, threshold, top_k, average, ignore_index, nan_strategy,
-                         multidim_average, class_dim)
+                         multidim_average, class_dim, zero_division)
 
 
 class Specificity(_Classification):
@@ -355,6 +424,11 @@ class _TopKSpecificity(Specificity):
     def _statistic(self):
         return RefinedTopKStatistic(self.num_classes, self.ignore_index, k=self.top_k, inputs=INPUTS)
 
+    def _update_linear(self, preds, target, mask, vocab) -> None:
+        A.fail("Specificity", "preds", f"is a dk.LinearLogits, which needs top_k=1 for Specificity (top_k > 1 "
+               f"counts one prediction per row from every logit), got top_k={self.top_k}; LinearLogits is taken by: "
+               f"{TAKEN_BY}")
+
     def _check_vocab(self, preds, target, mask):
         A.fail("Specificity", "vocab", f"is not supported with top_k > 1 (the rows' top-k is not per shard), "
                f"got top_k={self.top_k}")
@@ -374,6 +448,7 @@ class JaccardIndex(_Classification):
 
     _default_average = "macro"
     _has_multidim_average = False
+    _uses_zero_division = True
 
     def _variant(self) -> type:
         i = self.ignore_index
@@ -381,19 +456,29 @@ class JaccardIndex(_Classification):
         return _JaccardIgnoredClass if inside else type(self)
 
     def _formula(self, tp, fp, tn, fn, average, multilabel, top_k):
-        return F.jaccard(tp, fp, tn, fn, average, multilabel, top_k)
+        return F.jaccard(tp, fp, tn, fn, average, multilabel, top_k, self.zero_division)
 
 
 class _JaccardIgnoredClass(JaccardIndex):
     """Multiclass JaccardIndex whose ``ignore_index`` is a class: its rows are
     dropped, and the rows predicting it belong to no union (its false
-    positives are zeroed), so it scores 0.0 in ``"none"`` and leaves the
-    micro sums and the macro mean, as in torchmetrics."""
+    positives are zeroed), so it leaves the micro sums and the macro mean, as
+    in torchmetrics. In ``"none"`` it scores ``0 / fp`` as there: 0.0 where it
+    was predicted, else ``zero_division``."""
 
     def _formula(self, tp, fp, tn, fn, average, multilabel, top_k):
-        fp = fp.clone()
-        fp[..., self.ignore_index] = 0.0
-        return F.jaccard(tp, fp, tn, fn, average, multilabel, top_k)
+        zd = self.zero_division
+        i = self.ignore_index
+        fp_out = fp.clone()
+        fp_out[..., i] = 0.0
+        if average == "none":
+            return F.jaccard(tp, fp, tn, fn, average, multilabel, top_k, zd)
+        if average == "micro" or zd == 0.0:
+            return F.jaccard(tp, fp_out, tn, fn, average, multilabel, top_k, zd)
+        # macro / weighted: the class's weight is 0, but a NaN score of it (zero_division=NaN) still
+        # reaches the weighted sum, as torchmetrics' ``(weights * jaccard / weights.sum()).sum()``
+        score = F.jaccard(tp, fp, tn, fn, "none", multilabel, top_k, zd)
+        return F._average(score, tp, fp_out, fn, average, multilabel, top_k)
 
 
 # the public names in error messages and group labels (``type(m).__name__``)
@@ -418,6 +503,8 @@ class MatthewsCorrCoef(_ConfmatMetric):
     """Matthews correlation (sklearn ``matthews_corrcoef``; torchmetrics
     ``MatthewsCorrCoef``). Multilabel: the labels' 2x2 matrices summed (as
     torchmetrics). 0.0 when undefined (sklearn)."""
+
+    _takes_zero_division = False
 
     def _value(self, s):
         cm = self._confmat(s)
@@ -464,3 +551,37 @@ class ConfusionMatrix(_ConfmatMetric):
         if self.task == "binary":
             cm = cm[0]
         return F.normalize_confmat(cm, self.normalize)
+
+    def plot(self, values=None, ax=None):
+        """As ``Metric.plot``; a multilabel ``[L, 2, 2]`` result is drawn as one
+        2x2 heat map per label on a grid of subplots (torchmetrics'
+        ``MultilabelConfusionMatrix.plot``), into ``ax`` when it is an array of
+        at least L axes. Returns ``(fig, axes)``."""
+        if values is None:
+            values = self.compute()
+        if isinstance(values, torch.Tensor) and values.dim() == 3:
+            return _plot_per_label(values, ax, self._label)
+        return super().plot(values, ax)
+
+
+def _plot_per_label(values: torch.Tensor, ax, title: str):
+    """One heat map per leading index of ``values`` ``[L, 2, 2]``: ``(fig, axes[:L])``."""
+    from d9d_kernels.core.plot import _pyplot, plot_values
+
+    plt = _pyplot()
+    L = values.shape[0]
+    if ax is None:
+        cols = max(1, math.ceil(math.sqrt(L)))
+        rows = max(1, math.ceil(L / cols))
+        fig, grid = plt.subplots(rows, cols, squeeze=False, constrained_layout=True)
+        axes = list(grid.reshape(-1))
+        for extra in axes[L:]:
+            extra.axis("off")
+    else:
+        axes = list(ax.reshape(-1)) if hasattr(ax, "reshape") else list(ax) if isinstance(ax, (list, tuple)) else [ax]
+        A.check(len(axes) >= L, title, "ax", f"must be None or an array of at least {L} axes (one per label of the "
+                f"[{L}, 2, 2] multilabel matrix), got {len(axes)}")
+        fig = axes[0].get_figure()
+    for i in range(L):
+        plot_values(values[i], axes[i], title=f"{title} label {i}")
+    return fig, axes[:L]

@@ -372,6 +372,10 @@ class MeanIoU(_Segmentation):
     def __init__(self, num_classes: int | None = None, include_background: bool = True, per_class: bool = False,
                  input_format: str = "one-hot", ignore_index: int | None = None):
         super().__init__()
+        A.check(not (per_class and num_classes is None), self._name, "num_classes",
+                "is required with per_class=True: the per-class sums live in a fixed-size packed state allocated at "
+                "construction (synced in the group's one all_reduce), so the class count cannot be inferred from the "
+                "first batch as torchmetrics does. Pass num_classes=C (per_class=False with one-hot inputs needs none)")
         self._init_common(num_classes, include_background, input_format, required=per_class)
         A.check(isinstance(per_class, bool), self._name, "per_class", f"must be a bool, got {per_class!r}", TypeError)
         A.check_ignore_index(self._name, ignore_index)

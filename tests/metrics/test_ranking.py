@@ -212,8 +212,11 @@ def test_update_errors():
         m.compute()
 
 
-def test_thresholds_alias_for_torchmetrics_migration():
-    m = dk.AUROC(task="binary", thresholds=100)
+def test_thresholds_as_torchmetrics_grid():
+    """thresholds=T is torchmetrics' linspace(0, 1, T): T - 1 bins (tests/metrics/test_torchmetrics_args.py
+    compares the values); a list off every uniform grid is refused naming num_bins."""
+    m = dk.AUROC(task="binary", thresholds=101)
     assert m.num_bins == 100
-    with pytest.raises(TypeError, match="AUROC: argument 'thresholds'"):
-        dk.AUROC(task="binary", thresholds=[0.1, 0.5])
+    assert dk.AUROC(task="binary", thresholds=[0.1, 0.5]).num_bins == 10
+    with pytest.raises(ValueError, match="AUROC: argument 'thresholds'.*num_bins"):
+        dk.AUROC(task="binary", thresholds=[0.14142135, 0.17320508, 0.27182818, 0.31415926])

@@ -14,8 +14,12 @@ matrix. Averaging follows torchmetrics 1.9 (``_adjust_weights_safe_divide``):
 * ``"none"``: the ``[C]`` per-class scores.
 
 Zero division (a ratio with denominator 0, e.g. precision of a class never
-predicted) gives ``0.0`` (scikit-learn ``zero_division=0``, torchmetrics'
-default). An average over an empty set of classes (nothing seen) is ``0.0``.
+predicted) gives ``zero_division``: ``0.0`` by default (scikit-learn
+``zero_division=0``, torchmetrics' default); precision, recall, F-beta and
+Jaccard take torchmetrics' ``zero_division`` (0, 1 or NaN, with torchmetrics'
+arithmetic: a NaN class score makes micro / macro / weighted NaN, even a
+class whose averaging weight is 0). An average over an empty set of classes
+(nothing seen) is ``0.0``.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ def safe_div(num: torch.Tensor, den: torch.Tensor, zero_division: float = 0.0) -
 
 
 def _average(score, tp, fp, fn, average: str, multilabel: bool, top_k: int = 1) -> torch.Tensor:
+    """Per-class ``score`` reduced by ``average`` (torchmetrics' ``_adjust_weights_safe_divide``)."""
     if average == "none":
         return score
     if average == "weighted":
@@ -67,28 +72,31 @@ def accuracy(tp, fp, tn, fn, average: str = "micro", multilabel: bool = False, t
     return _average(score, tp, fp, fn, average, multilabel, top_k)
 
 
-def precision(tp, fp, tn, fn, average: str = "micro", multilabel: bool = False, top_k: int = 1):
+def precision(tp, fp, tn, fn, average: str = "micro", multilabel: bool = False, top_k: int = 1,
+              zero_division: float = 0.0):
     _check_average(average)
     if average == "micro":
-        return safe_div(tp.sum(-1), (tp + fp).sum(-1))
-    return _average(safe_div(tp, tp + fp), tp, fp, fn, average, multilabel, top_k)
+        return safe_div(tp.sum(-1), (tp + fp).sum(-1), zero_division)
+    return _average(safe_div(tp, tp + fp, zero_division), tp, fp, fn, average, multilabel, top_k)
 
 
-def recall(tp, fp, tn, fn, average: str = "micro", multilabel: bool = False, top_k: int = 1):
+def recall(tp, fp, tn, fn, average: str = "micro", multilabel: bool = False, top_k: int = 1,
+           zero_division: float = 0.0):
     _check_average(average)
     if average == "micro":
-        return safe_div(tp.sum(-1), (tp + fn).sum(-1))
-    return _average(safe_div(tp, tp + fn), tp, fp, fn, average, multilabel, top_k)
+        return safe_div(tp.sum(-1), (tp + fn).sum(-1), zero_division)
+    return _average(safe_div(tp, tp + fn, zero_division), tp, fp, fn, average, multilabel, top_k)
 
 
-def fbeta(tp, fp, tn, fn, beta: float = 1.0, average: str = "micro", multilabel: bool = False, top_k: int = 1):
+def fbeta(tp, fp, tn, fn, beta: float = 1.0, average: str = "micro", multilabel: bool = False, top_k: int = 1,
+          zero_division: float = 0.0):
     """``(1 + b²) tp / ((1 + b²) tp + b² fn + fp)``."""
     _check_average(average)
     b2 = float(beta) ** 2
     if average == "micro":
         tp, fp, fn = tp.sum(-1), fp.sum(-1), fn.sum(-1)
-        return safe_div((1 + b2) * tp, (1 + b2) * tp + b2 * fn + fp)
-    score = safe_div((1 + b2) * tp, (1 + b2) * tp + b2 * fn + fp)
+        return safe_div((1 + b2) * tp, (1 + b2) * tp + b2 * fn + fp, zero_division)
+    score = safe_div((1 + b2) * tp, (1 + b2) * tp + b2 * fn + fp, zero_division)
     return _average(score, tp, fp, fn, average, multilabel, top_k)
 
 
@@ -100,12 +108,13 @@ def specificity(tp, fp, tn, fn, average: str = "micro", multilabel: bool = False
     return _average(safe_div(tn, tn + fp), tp, fp, fn, average, multilabel, top_k)
 
 
-def jaccard(tp, fp, tn, fn, average: str = "macro", multilabel: bool = False, top_k: int = 1):
+def jaccard(tp, fp, tn, fn, average: str = "macro", multilabel: bool = False, top_k: int = 1,
+            zero_division: float = 0.0):
     """Intersection over union ``tp / (tp + fp + fn)``."""
     _check_average(average)
     if average == "micro":
-        return safe_div(tp.sum(-1), (tp + fp + fn).sum(-1))
-    return _average(safe_div(tp, tp + fp + fn), tp, fp, fn, average, multilabel, top_k)
+        return safe_div(tp.sum(-1), (tp + fp + fn).sum(-1), zero_division)
+    return _average(safe_div(tp, tp + fp + fn, zero_division), tp, fp, fn, average, multilabel, top_k)
 
 
 def binary_confmat(tp, fp, tn, fn) -> torch.Tensor:

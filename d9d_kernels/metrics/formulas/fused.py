@@ -17,7 +17,8 @@ their own ``compute()``.
 Where the compiled ``group_values`` op runs (CPU, CUDA; not while traced),
 the members whose formula it knows (weighted means and sums, max/min,
 accuracy / precision / recall / F-beta / specificity / Jaccard of any task and
-average) are evaluated by ONE call of it instead (d9d_kernels/ops/
+average; not with ``zero_division`` other than 0: the program's 0/0 is 0.0)
+are evaluated by ONE call of it instead (d9d_kernels/ops/
 group_values.py); the torch families are then only the others, and the
 reference the op is tested against. The same plan gives forward's batch
 values (from the scratch buffers) and a single metric's ``compute()``, so a
@@ -172,6 +173,8 @@ def _native_row(m, layout) -> tuple[list[int], float, tuple[int, ...]] | None:
         j, C = m._stat_map["stats"], m.num_classes
         return [GV.CONFMAT, 0, 0, 0, C, _at(layout, j, "confmat")[1], 0, _nonfinite(m, layout, j), 0], 0.0, (C, C)
     if not _plain_classification(m):
+        return None
+    if m._uses_zero_division and m.zero_division != 0.0:  # the program's 0/0 is 0.0: the torch formula takes it
         return None
     code = next((c for cls, c in _NATIVE_CLASSES if isinstance(m, cls) and t._formula is cls._formula), None)
     if code is None:
