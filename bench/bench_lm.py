@@ -24,6 +24,19 @@ Rounds interleave the providers (same load on each); medians over rounds.
   OMP_WAIT_POLICY=PASSIVE in every rank: idle OpenMP workers do not spin on the shared cores)
 Bytes allocated by one update (profiler; an upper bound on its peak extra
 memory) go to bench_lm_memory.json beside the CSV.
+
+    python bench/bench_lm.py --hidden [--quick | --tiny]   # hidden states: bench/results/bench_lm_hidden.csv
+
+--hidden: the same three metrics from hidden states h [N, D] and an LM head w [V, D]
+(op "ppl+acc+top5 from hidden"), one update each:
+  d9d_linear     g.update(preds=dk.LinearLogits(h, w), target=t): no logits materialised
+  d9d_linear_lse the same with lse= (the loss's logsumexp): no exp work
+  materialise    logits = h @ w.T, then today's g.update(preds=logits, target=t)
+  torch_chunked  hand-written torch: chunked h @ w_c.T, online logsumexp, argmax, "> z_t" counts
+  mm_floor       one torch.mm(h, w.T) producing the logits (the floor)
+Peak extra memory (bench_lm_hidden_memory.json): the scratch of ops.linear_logits
+(analytic: its blocks), and the bytes allocated during one update (profiler,
+frees not subtracted: an upper bound), against the float32 logits' size.
 """
 
 from __future__ import annotations
@@ -255,6 +268,101 @@ def main_tp(a, shapes, rounds) -> int:
     return 0
 
 
+HIDDEN_FULL = [(2048, 512, 32000)]
+HIDDEN_QUICK = [(512, 256, 32000)]
+HIDDEN_TINY = [(64, 32, 2000)]
+HIDDEN_OP = OP + " from hidden"
+
+
+def hidden_batch(N, D, V, dtype):
+    g = torch.Generator().manual_seed(0)
+    h = torch.randn(N, D, generator=g).to(dtype)
+    w = (torch.randn(V, D, generator=g) / D**0.5 * 3).to(dtype)
+    z = (h @ w.T).float()
+    t = z.topk(8, -1).indices[torch.arange(N), torch.randint(0, 8, (N,), generator=g)]  # a model that is often right
+    t[torch.rand(N, generator=g) < 0.1] = IGNORE
+    return h, w, t, torch.logsumexp(z, -1)
+
+
+def hidden_providers(h, w, t, lse):
+    V = w.shape[0]
+
+    def group():
+        return dk.MetricGroup({"ppl": dk.Perplexity(ignore_index=IGNORE, num_classes=V),
+                               "acc": dk.Accuracy(task="multiclass", num_classes=V, ignore_index=IGNORE),
+                               "top5": dk.Accuracy(task="multiclass", num_classes=V, top_k=5, ignore_index=IGNORE)})
+
+    gl, gll, gm = group(), group(), group()
+    acc = torch.zeros(4, dtype=torch.float64)
+    keep = t != IGNORE
+    tc = torch.where(keep, t, 0)
+
+    def chunked(cols=4096):
+        zt = torch.linalg.vecdot(h.float(), w[tc].float())
+        m = torch.full((h.shape[0],), float("-inf"))
+        s = torch.zeros(h.shape[0])
+        ahead = torch.zeros(h.shape[0])
+        best = torch.full((h.shape[0],), float("-inf"))
+        for c0 in range(0, V, cols):
+            z = (h @ w[c0 : c0 + cols].T).float()
+            cm = z.amax(1)
+            nm = torch.maximum(m, cm)
+            s = s * torch.exp(m - nm) + torch.exp(z - nm[:, None]).sum(1)
+            m = nm
+            ahead += (z > zt[:, None]).sum(1)
+            best = torch.maximum(best, cm)
+        acc[0] += torch.where(keep, m + torch.log(s) - zt, 0).sum()
+        acc[1] += (keep & (ahead < 1)).sum()
+        acc[2] += (keep & (ahead < 5)).sum()
+        acc[3] += keep.sum()
+
+    return {"d9d_linear": lambda: gl.update(preds=dk.LinearLogits(h, w), target=t),
+            "d9d_linear_lse": lambda: gll.update(preds=dk.LinearLogits(h, w), target=t, lse=lse),
+            "materialise": lambda: gm.update(preds=h @ w.T, target=t),
+            "torch_chunked": chunked,
+            "mm_floor": lambda: torch.mm(h, w.T)}
+
+
+def main_hidden(a, shapes, rounds) -> int:
+    import importlib
+
+    L = importlib.import_module("d9d_kernels.ops.linear_logits")
+
+    rows, mem = [], {}
+    name = f"bench_lm_hidden_t{torch.get_num_threads()}.csv"
+    out = Path(a.out).with_name(name) if a.out == str(RESULTS / "bench_lm.csv") else Path(a.out)
+    for N, D, V in shapes:
+        for dtype in (torch.float32, torch.bfloat16):
+            h, w, t, lse = hidden_batch(N, D, V, dtype)
+            fns = hidden_providers(h, w, t, lse)
+            for fn in fns.values():
+                fn()
+            times = {k: [] for k in fns}
+            for _ in range(rounds):
+                for k, fn in fns.items():
+                    t0 = time.perf_counter()
+                    fn()
+                    times[k].append(time.perf_counter() - t0)
+            shape, dt = f"N={N},D={D},V={V},threads={torch.get_num_threads()}", str(dtype).replace("torch.", "")
+            for k, ts in times.items():
+                rows.append(row("lm", op=HIDDEN_OP, provider=k, shape=shape, dtype=dt, device="cpu", stats=stats(ts)))
+            med = {k: sorted(ts)[len(ts) // 2] for k, ts in times.items()}
+            scratch = L.scratch_bytes(N, D, V, dtype)
+            logits32 = N * V * 4
+            mem[f"{shape},{dt}"] = {"logits_fp32_bytes": logits32, "linear_logits_scratch_bytes": scratch,
+                                    **{f"allocated:{k}": allocated_bytes(fn) for k, fn in fns.items()}}
+            print(f"{shape} {dt}: " + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in med.items())
+                  + f" | d9d_linear/mm {med['d9d_linear'] / med['mm_floor']:.2f} (target <= 1.3), "
+                  f"d9d_linear_lse/mm {med['d9d_linear_lse'] / med['mm_floor']:.2f}, "
+                  f"materialise/d9d_linear {med['materialise'] / med['d9d_linear']:.2f}"
+                  f" | scratch {scratch / 2**20:.2f} MiB = {100 * scratch / logits32:.2f} % of the fp32 logits "
+                  f"(target <= 2 %), allocated by d9d_linear {mem[f'{shape},{dt}']['allocated:d9d_linear'] / 2**20:.2f} MiB",
+                  flush=True)
+            write_csv(out, rows)
+            out.with_name(out.stem + "_memory.json").write_text(json.dumps(mem, indent=1))
+    return 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     mode = p.add_mutually_exclusive_group()
@@ -263,7 +371,14 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=str(RESULTS / "bench_lm.csv"))
     p.add_argument("--rounds", type=int, default=None)
     p.add_argument("--tp", type=int, default=0, help="vocab-parallel mode over this many gloo ranks")
+    p.add_argument("--hidden", action="store_true", help="from hidden states (dk.LinearLogits)")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (--hidden; 0: torch's default)")
     a = p.parse_args(argv)
+    if a.hidden:
+        if a.threads:
+            torch.set_num_threads(a.threads)
+        hs = HIDDEN_TINY if a.tiny else HIDDEN_QUICK if a.quick else HIDDEN_FULL
+        return main_hidden(a, hs, a.rounds or (2 if a.tiny else 5))
     shapes = TINY if a.tiny else QUICK if a.quick else FULL
     # --tp: each round's slowest rank is noisier on the shared 2-core machine: more rounds
     rounds = a.rounds or (2 if a.tiny else 15 if a.tp else 5)

@@ -41,6 +41,8 @@ __all__ = [
     "binary_stats",
     "score_histogram",
     "running_extrema",
+    "linear_logits",
+    "LINEAR_ROWS",
     "INPUT_PROBS",
     "INPUT_LOGITS",
     "INPUT_AUTO",
@@ -434,3 +436,71 @@ def running_extrema(
     mx = torch.where(use, x, ninf).amax() if x.numel() else ninf
     mn = torch.where(use, -x, ninf).amax() if x.numel() else ninf
     state.copy_(torch.maximum(state, torch.stack([mx, mn])))
+
+
+# Columns of linear_logits' per-row result (float64 [N, LINEAR_ROWS]).
+LINEAR_ROWS = 5  # row max, Σ exp(z - max), target logit, entries ahead of the target, argmax
+
+
+def linear_logits(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    target: torch.Tensor,
+    target_logit: torch.Tensor | None,
+    start: int,
+    softcap: float | None,
+    sumexp: bool,
+    out: torch.Tensor,
+) -> None:
+    """Per-row reductions of the logits ``z = hidden @ weight.T (+ bias)`` without keeping them.
+
+    The logits are those eager PyTorch materialises in the inputs' dtype:
+    ``z = F.linear(hidden, weight, bias)`` (float32 accumulation for
+    16/32-bit inputs, rounded to the dtype), then, with ``softcap``,
+    ``z = softcap * tanh(z / softcap)`` in the same dtype. This reference
+    materialises them; the kernels do not.
+
+    Args:
+        hidden: ``[N, D]`` floating.
+        weight: ``[V, D]``, hidden's dtype: the vocabulary columns ``[start,
+            start + V)`` (all of them, or a tensor-parallel shard).
+        bias: ``[V]`` or ``None``.
+        target: ``[N]`` int64 global class ids.
+        target_logit: float64 ``[N]`` or ``None``: each row's target logit
+            (the tp ranks' combined one, the target may be in another shard);
+            ``None``: ``z[target - start]`` where the target is in this shard, else -inf.
+        start: the global id of weight's row 0.
+        softcap: ``None`` or a float > 0.
+        sumexp: compute column 1 (else it is 0: the caller has the logsumexp).
+        out: float64 ``[N, LINEAR_ROWS]``, overwritten per row with: ``[0]``
+            the row max (NaN if any logit is NaN), ``[1]`` ``Σ exp(z - max)``
+            (max taken as 0 when not finite), ``[2]`` the target logit,
+            ``[3]`` the number of columns j ranked ahead of the target:
+            ``z_j > z_t or (z_j == z_t and j < t)`` (global ids; the target's
+            own column never counts), the tie rule of ``class_stats``, so the
+            target is in the top-k iff ``[3] < k``; ``[4]`` the global id of
+            the first maximum (``torch.max``'s argmax).
+    """
+    n = target.shape[0]
+    V = weight.shape[0]
+    z = torch.nn.functional.linear(hidden, weight, bias)
+    if softcap is not None:
+        z = softcap * torch.tanh(z / softcap)
+    z = _f64(z)
+    t = target.reshape(-1).to(torch.int64)
+    tl_ = t - start
+    here = (tl_ >= 0) & (tl_ < V)
+    zt = torch.where(here, z.gather(1, torch.where(here, tl_, 0)[:, None])[:, 0], float("-inf"))
+    if target_logit is not None:
+        zt = _f64(target_logit.reshape(-1))
+    cols = torch.arange(V, device=z.device) + start
+    ahead = ((z > zt[:, None]) | ((z == zt[:, None]) & (cols < t[:, None]))) & (cols != t[:, None])
+    m = z.amax(1) if V else torch.full((n,), float("-inf"), dtype=torch.float64, device=z.device)
+    m = torch.where(torch.isnan(z).any(1), float("nan"), m)
+    ms = torch.where(torch.isfinite(m), m, 0.0)
+    out[:, 0] = m
+    out[:, 1] = torch.exp(z - ms[:, None]).sum(1) if sumexp else 0.0
+    out[:, 2] = zt
+    out[:, 3] = ahead.sum(1, dtype=torch.float64)
+    out[:, 4] = (z.max(1).indices + start).to(torch.float64)

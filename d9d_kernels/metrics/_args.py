@@ -108,6 +108,11 @@ def check_tensor(metric: str, arg: str, t) -> None:
     # messages are built only on failure: eager f-strings cost ~1 us per check
     # and an update runs ~10 checks per member (bench/profile_layers.py).
     if not isinstance(t, torch.Tensor):
+        if type(t).__name__ == "LinearLogits":
+            from d9d_kernels.metrics.linear_logits import TAKEN_BY
+
+            fail(metric, arg, f"is a dk.LinearLogits (logits never materialised), which {metric} cannot take: it "
+                 f"needs every logit; LinearLogits is taken by: {TAKEN_BY}")
         fail(metric, arg, f"must be a torch.Tensor, got {type(t).__name__}", TypeError)
     if t.is_complex():
         fail(metric, arg, f"must be real, got {t.dtype}", TypeError)

@@ -18,6 +18,7 @@ from d9d_kernels.core.statistic import SUM, Slot, either, param, statistic, unio
 from d9d_kernels.metrics.labelled import BAD, LabelledStatistic
 from d9d_kernels.reference import valid_score_rows
 from d9d_kernels.metrics.vocab_parallel import add_vocab_class_stats
+from d9d_kernels.metrics.linear_logits import LinearLogits, add_linear_class_stats
 
 __all__ = ["ClassStatistic", "RefinedTopKStatistic", "refine_top_k", "score_blocks", "mergeable"]
 
@@ -79,7 +80,9 @@ class ClassStatistic(LabelledStatistic):
         nll: also sum ``logsumexp(s) - s[target]`` (needs score preds; merged by ``either``).
         inputs: update keyword names (preds, target, mask).
 
-    Update inputs: ``preds``, ``target``, ``mask`` (names from ``inputs``),
+    Update inputs: ``preds`` (or a ``LinearLogits``: no kernel call on
+    logits, ``linear_logits.add_linear_class_stats`` writes the same slots,
+    predicted counts for k = 1 only), ``target``, ``mask`` (names from ``inputs``),
     optionally ``lse`` (Perplexity's given logsumexp) or ``vocab`` (a
     ``vocab_parallel.VocabSplit``: preds are one tp rank's vocabulary shard;
     no kernel call, the shards' combined rows write the same slots).
@@ -109,6 +112,10 @@ class ClassStatistic(LabelledStatistic):
     def update(self, state: dict[str, torch.Tensor], **inputs) -> None:
         preds, target, mask = self.unpack(inputs)
         vocab = inputs.get("vocab")  # a checked VocabSplit: preds are this tp rank's vocabulary shard
+        if isinstance(preds, LinearLogits):  # hidden states: one pass over the vocabulary, no logits
+            add_linear_class_stats(state, preds, target, mask, self.ignore_index, self.top_ks, nll=self.nll,
+                                   confmat=self.confmat, lse=inputs.get("lse"), split=vocab)
+            return
         if vocab is not None:
             add_vocab_class_stats(state, preds, target, mask, vocab, self.ignore_index, self.top_ks, nll=self.nll,
                                   confmat=self.confmat, lse=inputs.get("lse"))
@@ -144,6 +151,8 @@ class ClassStatistic(LabelledStatistic):
         """Whether ``sample`` needs no reshaping: scores ``[N, C]`` or int64
         indices ``[N]``, int64 target ``[N]``, no mask or a bool ``[N]`` one."""
         preds, target, mask = self.unpack(sample)
+        if isinstance(preds, LinearLogits):
+            return False
         n = target.shape
         return (
             target.dtype == torch.int64

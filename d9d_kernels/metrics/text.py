@@ -23,6 +23,7 @@ from d9d_kernels.core.statistic import SUM, Slot, statistic
 from d9d_kernels.metrics import _args as A
 from d9d_kernels.metrics.class_stats import ClassStatistic
 from d9d_kernels.metrics.labelled import BAD, INPUTS, LabelledStatistic
+from d9d_kernels.metrics.linear_logits import LinearLogits, add_linear_class_stats, check_linear
 from d9d_kernels.metrics.vocab_parallel import add_vocab_class_stats, resolve
 from d9d_kernels.reference import add_bad
 
@@ -78,6 +79,10 @@ class NLLStatistic(LabelledStatistic):
     def update(self, state, **inputs) -> None:
         preds, target, mask = self.unpack(inputs)
         vocab = inputs.get(VOCAB)
+        if isinstance(preds, LinearLogits):  # hidden states: rows of one vocabulary pass (none with lse)
+            add_linear_class_stats(state, preds, target, mask, self.ignore_index, nll=True, lse=inputs.get(LSE),
+                                   rows_by_lse=True, split=vocab)
+            return
         if vocab is not None:  # this tp rank's vocabulary shard: partials, one gather, combined
             add_vocab_class_stats(state, preds, target, mask, vocab, self.ignore_index, nll=True,
                                   lse=inputs.get(LSE), rows_by_lse=True)
@@ -119,6 +124,10 @@ class Perplexity(Metric):
     ``num_classes``, when given, is the whole vocabulary; ``lse``, when
     given with ``vocab``, is the whole vocabulary's logsumexp (the exp pass
     is skipped on every shard).
+    ``preds`` may be ``dk.LinearLogits(hidden, weight)`` (hidden ``[N, D]``
+    / ``[B, T, D]``): the logits ``hidden @ weight.T`` are never
+    materialised (``d9d_kernels.metrics.linear_logits``); ``lse=`` then skips
+    the exp work of that pass (with ``num_classes=None``, the pass itself).
     With no valid token, ``compute()`` returns 0.0.
 
     Example:
@@ -144,6 +153,9 @@ class Perplexity(Metric):
     def update(self, preds: torch.Tensor, target: torch.Tensor, mask: torch.Tensor | None = None,
                lse: torch.Tensor | None = None, vocab=None) -> None:
         """Adds a batch of logits and target token ids (device-local, no host sync)."""
+        if isinstance(preds, LinearLogits):
+            self._update_linear(preds, target, mask, lse, vocab)
+            return
         A.check_tensor("Perplexity", "preds", preds)
         A.check_tensor("Perplexity", "target", target)
         A.check(preds.is_floating_point(), "Perplexity", "preds", f"must be floating logits, got {preds.dtype}", TypeError)
@@ -170,6 +182,21 @@ class Perplexity(Metric):
             self._feed({"nll": dict(preds=preds, target=target, mask=mask)})
             return
         self._feed({"nll": dict(preds=preds, target=target, mask=mask, lse=lse)})
+
+    def _update_linear(self, preds: LinearLogits, target, mask, lse, vocab) -> None:
+        """``preds=dk.LinearLogits(hidden, weight)``: the logits are never materialised."""
+        ts = check_linear("Perplexity", preds, target, mask, self.num_classes, vocab)
+        if lse is not None:
+            A.check_tensor("Perplexity", "lse", lse)
+            A.check(lse.is_floating_point(), "Perplexity", "lse", f"must be floating, got {lse.dtype}", TypeError)
+            A.check(tuple(lse.shape) == ts, "Perplexity", "lse", f"must have target's shape {ts}, got {tuple(lse.shape)}")
+            A.check(lse.device == preds.device, "Perplexity", "lse", f"must be on preds' device {preds.device}")
+        kw = dict(preds=preds, target=target, mask=mask)
+        if vocab is not None:
+            kw["vocab"] = resolve("Perplexity", vocab, preds, target, self.num_classes)
+        if lse is not None:
+            kw["lse"] = lse
+        self._feed({"nll": kw})
 
     def _raise_on_bad(self) -> bool:
         return True

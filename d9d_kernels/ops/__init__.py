@@ -9,8 +9,10 @@ metric catalogue builds on: ``raw(op, device)`` (the unchecked
 implementation a wrapper would run, with or without the compiled
 extension), ``backend_for(op, device)`` (which backend a call would take),
 ``FLOATS`` (the floating dtypes the kernels read), ``OPS``, ``BACKENDS``,
-``as_index`` (class indices from any real tensor) and ``vocab_partials`` (the
-compiled per-row partials of a vocab-parallel shard).
+``as_index`` (class indices from any real tensor), ``vocab_partials`` (the
+compiled per-row partials of a vocab-parallel shard) and ``linear_logits``
+(per-row reductions of ``hidden @ weight.T`` without the logits; torch and
+Triton backends only, not in ``OPS``).
 """
 
 import torch
@@ -22,6 +24,7 @@ from d9d_kernels.ops._common import as_index as _as_index
 from d9d_kernels.ops._dispatch import BACKENDS, backends, pick, raw
 from d9d_kernels.ops.binary_stats import binary_stats
 from d9d_kernels.ops.class_stats import class_stats
+from d9d_kernels.ops.linear_logits import linear_logits
 from d9d_kernels.ops.running_extrema import running_extrema
 from d9d_kernels.ops.score_histogram import score_histogram
 from d9d_kernels.ops.vocab_partials import vocab_partials
@@ -43,5 +46,5 @@ def backend_for(op: str, device: torch.device, backend: str | None = None) -> st
 
 __all__ = [
     "backends", "backend_for", "raw", "as_index", "vocab_partials", "FLOATS", "OPS", "BACKENDS",
-    "weighted_moments", "class_stats", "binary_stats", "score_histogram", "running_extrema",
+    "weighted_moments", "class_stats", "binary_stats", "score_histogram", "running_extrema", "linear_logits",
 ]
