@@ -96,14 +96,72 @@ class LMTask(TrainTask):
         g.update(preds=s["logits"], target=s["labels"])  # acc, top5, ppl: the members taking (preds, target)
 
 
+def loss_and_lse(hidden, weight, bias, labels):
+    """The LM loss and the per-token logsumexp without logits: d9d's fused
+    linear cross-entropy (``d9d.kernel.cce``, cut-cross-entropy: ``pip install
+    d9d[cce]``, CUDA) where it runs; elsewhere the same two values from plain
+    torch (this example's CPU fallback, which does make the small logits)."""
+    h, y = hidden.flatten(0, -2), labels.flatten()
+    if h.is_cuda:
+        try:
+            from d9d.kernel.cce import linear_cross_entropy
+        except ImportError:
+            linear_cross_entropy = None
+        if linear_cross_entropy is not None:
+            return linear_cross_entropy(h, weight, y, bias=bias, ignore_index=IGNORE_INDEX, return_lse=True)
+    logits = F.linear(h, weight, bias).float()
+    return F.cross_entropy(logits, y, ignore_index=IGNORE_INDEX), torch.logsumexp(logits, -1)
+
+
+class HiddenLMTask(LMTask):
+    """``LMTask`` for a model whose logits never exist (the LM head is fused
+    into the loss): accuracy, top-5 and perplexity come from the hidden states
+    and the head's weight through ``dk.LinearLogits``, the loss kernel's
+    logsumexp reused (no exp pass in the metrics).
+
+    ``every`` = 1 updates them at every microbatch: one more pass over the
+    vocabulary per microbatch, about one LM-head forward (docs/d9d.md). With
+    ``every`` = k they are updated only on the microbatches of every k-th
+    step (``microbatches`` per step, counted here: d9d calls
+    ``update_metrics`` once per microbatch), so they describe those steps'
+    tokens, a sample, for a k-th of the cost; the loss and the token count
+    are still fed at every microbatch."""
+
+    def __init__(self, vocab_size: int, every: int = 1, microbatches: int = 1):
+        super().__init__(vocab_size)
+        self.every, self.microbatches, self._calls = every, microbatches, 0
+
+    def compute_loss(self, ctx: ComputeLossContext) -> ComputeLossResult:
+        out, labels = ctx.pipeline_results, ctx.state["labels"]
+        loss, lse = loss_and_lse(out["hidden"], out["weight"], out["bias"], labels)
+        tokens = (labels != IGNORE_INDEX).sum()
+        ctx.state.update(loss=loss.detach(), tokens=tokens, hidden=out["hidden"].detach(), lse=lse.detach(),
+                         weight=out["weight"].detach(), bias=out["bias"].detach())
+        return ComputeLossResult(loss=loss, loss_weight=tokens.to(loss.dtype))
+
+    def update_metrics(self, ctx: UpdateMetricsContext) -> None:
+        g, s = ctx.metrics["train"], ctx.state
+        g["loss"].update(values=s["loss"], weights=s["tokens"])
+        g["tokens"].update(values=s["tokens"])
+        step = self._calls // self.microbatches + 1
+        self._calls += 1
+        if step % self.every == 0:  # acc, top5, ppl: one pass over the vocabulary, no [N, V] tensor
+            g.update(preds=dk.LinearLogits(s["hidden"], s["weight"], s["bias"]), target=s["labels"].flatten(),
+                     lse=s["lse"])
+
+
 class TinyLM(torch.nn.Module):
-    def __init__(self, vocab: int, dim: int = 32):
+    def __init__(self, vocab: int, dim: int = 32, hidden_out: bool = False):
         super().__init__()
         self.emb = torch.nn.Embedding(vocab, dim)
         self.head = torch.nn.Linear(dim, vocab)
+        self.hidden_out = hidden_out
 
     def forward(self, input_ids):
-        return {"logits": self.head(torch.tanh(self.emb(input_ids)))}
+        h = torch.tanh(self.emb(input_ids))
+        if self.hidden_out:  # the head is applied inside the loss
+            return {"hidden": h.flatten(0, -2), "weight": self.head.weight, "bias": self.head.bias}
+        return {"logits": self.head(h)}
 
 
 def local_dist_context() -> DistributedContext:
@@ -140,12 +198,14 @@ class Run:
 
 
 def run(steps: int = 6, microbatches: int = 2, log_every: int = 3, vocab: int = 50, batch: int = 4, seq: int = 16,
-        seed: int = 0) -> Run:
+        seed: int = 0, hidden: bool = False, every: int = 1) -> Run:
+    """``hidden``: the ``HiddenLMTask`` (metrics from hidden states), its
+    token metrics updated at every ``every``-th step."""
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(seed)
     dist_context = local_dist_context()
-    task = LMTask(vocab)
-    model = TinyLM(vocab)
+    task = HiddenLMTask(vocab, every, microbatches) if hidden else LMTask(vocab)
+    model = TinyLM(vocab, hidden_out=hidden)
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     # d9d.loop.run.train: metrics = ComposeMetric(task.create_metrics(CreateMetricsContext()).metrics)
     metrics = ComposeMetric(task.create_metrics(CreateMetricsContext()).metrics)
@@ -160,6 +220,8 @@ def run(steps: int = 6, microbatches: int = 2, log_every: int = 3, vocab: int = 
             # d9d's LossComputer backpropagates loss * weight; its gradient manager divides by the total weight
             (result.loss * result.loss_weight).backward()
             task.update_metrics(UpdateMetricsContext(state=state, metrics=metrics.children))
+            if hidden:  # what the logits were, for the caller's checks (never made by the metrics)
+                state["logits"] = F.linear(state["hidden"], state["weight"], state["bias"]).detach()
             window.append({k: state[k] for k in ("logits", "labels", "loss", "tokens")})
         total = sum(float(mb["tokens"]) for mb in window[-microbatches:])
         for p in model.parameters():
@@ -184,10 +246,13 @@ def main(argv=None) -> int:
     p.add_argument("--log-every", type=int, default=3)
     p.add_argument("--vocab", type=int, default=50)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--hidden", action="store_true",
+                   help="the model's logits never exist: metrics from hidden states x the LM head (dk.LinearLogits)")
+    p.add_argument("--every", type=int, default=1, help="with --hidden: token metrics at every k-th step only")
     a = p.parse_args(argv)
-    if min(a.steps, a.microbatches, a.log_every) < 1 or a.vocab < 2:
-        p.error("--steps, --microbatches and --log-every must be >= 1, --vocab >= 2")
-    res = run(a.steps, a.microbatches, a.log_every, a.vocab, seed=a.seed)
+    if min(a.steps, a.microbatches, a.log_every, a.every) < 1 or a.vocab < 2:
+        p.error("--steps, --microbatches, --log-every and --every must be >= 1, --vocab >= 2")
+    res = run(a.steps, a.microbatches, a.log_every, a.vocab, seed=a.seed, hidden=a.hidden, every=a.every)
     names = list(res.logged[0][1]["train"])
     print("step  " + "  ".join(f"{n:>10s}" for n in names))
     for step, values in res.logged:

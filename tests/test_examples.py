@@ -61,6 +61,25 @@ def test_task_metrics_match_plain_torch(microbatches, log_every):
         torch.testing.assert_close(got["ppl"].double(), got["loss"].double().exp(), rtol=1e-5, atol=0)
 
 
+@pytest.mark.parametrize("every", [1, 3])
+def test_hidden_state_task_metrics_match_plain_torch(every):
+    """HiddenLMTask: accuracy, top-5 and perplexity from dk.LinearLogits (hidden states x the
+    LM head, the loss's logsumexp reused) equal plain torch on the logits the head would have
+    made; with every=3 the token metrics cover only every third step's microbatches."""
+    mb_per_step, log_every = 2, 3
+    res = _module().run(steps=6, microbatches=mb_per_step, log_every=log_every, vocab=37, batch=3, seq=11, seed=3,
+                        hidden=True, every=every)
+    for (step, values), window in zip(res.logged, res.microbatches):
+        got = values["train"]
+        steps = range(step - log_every + 1, step + 1)
+        sampled = [mb for i, mb in enumerate(window) if steps[i // mb_per_step] % every == 0]
+        whole, tokens = _reference(window), _reference(sampled)
+        for k in ("loss", "tokens"):
+            torch.testing.assert_close(got[k].double(), whole[k], rtol=1e-6, atol=1e-9, msg=lambda m: f"{k}: {m}")
+        for k in ("acc", "top5", "ppl"):
+            torch.testing.assert_close(got[k].double(), tokens[k], rtol=1e-5, atol=1e-9, msg=lambda m: f"{k}: {m}")
+
+
 def test_task_metrics_match_d9d_aggregation_metrics():
     """d9d's own WeightedMeanMetric / SumMetric fed the same microbatches (float32: rtol 1e-6)."""
     from d9d.metric.impl.aggregation import SumMetric, WeightedMeanMetric
