@@ -52,4 +52,7 @@ TORCH_LIBRARY(d9d_kernels, m) {
       "vocab_class_stats(Tensor g, Tensor target, Tensor? mask, int? ignore_index, Tensor? lse, int num_classes, "
       "int[] top_ks, bool nll, bool rows_by_lse, Tensor(a!) stats, Tensor(b!) extras, Tensor(c!) bad, "
       "Tensor(d!)? confmat) -> ()");
+  // Internal (CPU only): one block of logits' per-row reductions for dk.LinearLogits,
+  // folded into rows [n, 4], csrc/cpu/linear_logits.cpp.
+  m.def("linear_logits_block(Tensor z, Tensor zt, Tensor tloc, int c0, bool sumexp, Tensor(a!) rows) -> ()");
 }

@@ -12,9 +12,10 @@ dtype).
 Backends: ``"triton"`` (``d9d_kernels/triton/linear_logits.py``: tiled
 ``tl.dot`` with the reductions in the epilogue; the default on CUDA for
 16/32-bit inputs) and ``"torch"`` (``_rows_torch`` below: ``torch.mm`` over
-blocks of rows x vocabulary columns into a bounded scratch, the reductions as
-torch ops on each block; the CPU kernel, and the fallback anywhere). There is
-no C++ kernel: on CPU the matmul is the cost, and torch.mm is that floor.
+blocks of rows x vocabulary columns into a bounded scratch, then the
+reductions of each block: on CPU one C++ pass over it,
+``torch.ops.d9d_kernels.linear_logits_block``, elsewhere torch ops, its
+specification). The matmul is torch.mm's: on CPU that is the floor.
 """
 
 from __future__ import annotations
@@ -198,6 +199,16 @@ def target_logits(hidden, weight, bias, target, start: int, softcap: float | Non
     return torch.where(here, out, float("-inf"))
 
 
+def _native_block(device: torch.device):
+    """``torch.ops.d9d_kernels.linear_logits_block`` (csrc/cpu/linear_logits.cpp:
+    a block's reductions in one pass over it) on CPU where the extension has
+    it, else None: the torch ops below, its specification, run."""
+    if device.type != "cpu" or _extension.CPP_ERROR is not None:
+        return None
+    op = getattr(torch.ops.d9d_kernels, "linear_logits_block", None)
+    return None if op is None else op.default
+
+
 def _rows_torch(hidden, weight, bias, target, target_logit, start, softcap, sumexp, out) -> None:
     """``reference.linear_logits`` by blocks: ``torch.mm`` of ``rows`` hidden rows
     against ``cols`` weight rows into a scratch block (float32 accumulation, the
@@ -217,11 +228,34 @@ def _rows_torch(hidden, weight, bias, target, target_logit, start, softcap, sume
         else target_logit.to(acc)
     rows, cols = blocks(N, V, dt)
     zbuf = torch.empty(rows * cols, dtype=dt, device=dev)
+    wt = weight.t()
+    native = _native_block(dev)
+    if native is not None:  # the reductions of each block in one C++ pass over it
+        for r0 in range(0, N, rows):
+            n = min(rows, N - r0)
+            h = hidden[r0 : r0 + n]
+            tloc = (target[r0 : r0 + n] - start).contiguous()
+            zt = zt_all[r0 : r0 + n].contiguous()
+            st = torch.zeros(n, 4, dtype=torch.float64, device=dev)
+            st[:, 0] = float("-inf")
+            for c0 in range(0, V, cols):
+                c = min(cols, V - c0)
+                zb = zbuf[: n * c].view(n, c)
+                if bias is None:
+                    torch.mm(h, wt[:, c0 : c0 + c], out=zb)
+                else:
+                    torch.addmm(bias[c0 : c0 + c], h, wt[:, c0 : c0 + c], out=zb)
+                native(softcapped(zb, softcap), zt, tloc, c0, sumexp, st)
+            o = out[r0 : r0 + n]
+            o[:, 0:2] = st[:, 0:2]
+            o[:, 2] = zt
+            o[:, 3] = st[:, 2]
+            o[:, 4] = st[:, 3] + start
+        return
     fbuf = zbuf if dt == acc else torch.empty(rows * cols, dtype=acc, device=dev)
     ebuf = torch.empty(rows * cols, dtype=acc, device=dev)
     cbuf = torch.empty(rows * cols, dtype=torch.bool, device=dev)
     colidx = torch.arange(cols, device=dev)
-    wt = weight.t()
     for r0 in range(0, N, rows):
         n = min(rows, N - r0)
         h = hidden[r0 : r0 + n]

@@ -169,3 +169,30 @@ def test_cuda_triton_matches_reference(dtype, shape):
             if softcap is None or dtype != torch.float32:
                 assert_rows_equal(got.cpu(), ref)
             torch.testing.assert_close(got[:, 1].cpu(), ref[:, 1], rtol=1e-5, atol=0)
+
+
+@pytest.mark.skipif(L._native_block(torch.device("cpu")) is None, reason="extension without linear_logits_block")
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_cpu_block_pass_equals_its_torch_specification(small_blocks, monkeypatch, dtype):
+    """The C++ pass over each block (csrc/cpu/linear_logits.cpp) against the torch
+    ops it replaces, on the same blocks: integer logits (ties across block edges),
+    random logits, NaN / +Inf rows, targets outside the shard, soft-cap, sumexp off."""
+    g = torch.Generator().manual_seed(5)
+    cases = [integer_case(41, 7, 1000, dtype, seed=2)]
+    h = torch.randn(33, 16, generator=g).to(dtype)
+    w = torch.randn(700, 16, generator=g).to(dtype)
+    t = torch.randint(0, 700, (33,), generator=g)
+    t[0], t[1] = -1, 700
+    h[2, 3] = float("nan")
+    cases.append((h, w, None, t))
+    for h, w, b, t in cases:
+        for kw in (dict(), dict(softcap=4.0), dict(sumexp=False, start=100)):
+            native = L.linear_logits(h, w, b, t, backend="torch", **kw)
+            with monkeypatch.context() as mp:
+                mp.setattr(L, "_native_block", lambda device: None)
+                spec = L.linear_logits(h, w, b, t, backend="torch", **kw)
+            ok = torch.isfinite(spec[:, 0])  # a row with NaN / +Inf is bad whatever the rest holds
+            assert torch.equal(native[:, 0].isnan(), spec[:, 0].isnan())
+            for col in (0, 2, 3, 4):
+                torch.testing.assert_close(native[ok, col], spec[ok, col], rtol=0, atol=0, equal_nan=True)
+            torch.testing.assert_close(native[ok, 1], spec[ok, 1], rtol=1e-6, atol=0)
