@@ -210,3 +210,43 @@ def test_cuda_group_equals_materialised():
     a.update(preds=h @ w.T, target=t)
     b.update(preds=dk.LinearLogits(h, w), target=t)
     assert_same(a.compute(), b.compute(), ppl_rtol=1e-6)
+
+
+# the vocabulary split unevenly over the tp ranks, out of rank order at 4
+TP_SPLITS = {2: [(0, 300), (300, 700)], 4: [(500, 700), (0, 120), (300, 500), (120, 300)]}
+TP_KEYS = ("ppl", "ppl_nlls", "acc", "top5", "top5_macro", "rec10")
+
+
+def _tp_worker(rank, world, dtype_name):
+    lo, hi = TP_SPLITS[world][rank]
+    h, w, b, t = case((2, 20), dtype=getattr(torch, dtype_name), bias=True, seed=4)
+    g = dk.MetricGroup({k: m for k, m in members(w.shape[0]).items() if k in TP_KEYS})
+    shard = dk.VocabShard(lo, hi - lo, dk.DistributedContext())
+    g.update(preds=dk.LinearLogits(h, w[lo:hi], b[lo:hi]), target=t, vocab=shard)  # this rank's LM-head shard
+    return {k: v.tolist() for k, v in g.compute().items()}
+
+
+@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("dtype_name", ["float32", "bfloat16"])
+def test_vocab_shards_on_gloo_ranks_equal_materialised_logits(world, dtype_name):
+    """A tensor-parallel LM head: each of 2 / 4 gloo ranks holds a weight shard; every
+    rank's values equal the metrics of the whole materialised logits (ppl to rounding)."""
+    from tests.dist_utils import run_distributed
+
+    out = run_distributed(_tp_worker, world, dtype_name, timeout=240.0)
+    h, w, b, t = case((2, 20), dtype=getattr(torch, dtype_name), bias=True, seed=4)
+    ref = dk.MetricGroup({k: m for k, m in members(w.shape[0]).items() if k in TP_KEYS})
+    ref.update(preds=torch.nn.functional.linear(h, w, b), target=t)
+    want = ref.compute()
+    # and plain torch on those logits: argmax / stable top-5 (the tie rule), float64 cross-entropy
+    z, y = torch.nn.functional.linear(h, w, b).reshape(-1, w.shape[0]), t.reshape(-1)
+    keep = y != IGN
+    order = torch.sort(z[keep].double(), dim=1, descending=True, stable=True).indices
+    plain = {"acc": (order[:, 0] == y[keep]).double().mean(),
+             "top5": (order[:, :5] == y[keep, None]).any(1).double().mean(),
+             "ppl": torch.nn.functional.cross_entropy(z[keep].double(), y[keep]).exp()}
+    for rank in range(world):
+        got = {k: torch.tensor(v, dtype=torch.float64) for k, v in out[rank].items()}
+        assert_same(want, got, ppl_rtol=1e-6)
+        for k, v in plain.items():
+            torch.testing.assert_close(got[k], v, rtol=1e-6 if k == "ppl" else 0, atol=0, msg=k)
