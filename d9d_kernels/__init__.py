@@ -37,6 +37,8 @@ _NAMES = {
             "TweedieDevianceScore", "CriticalSuccessIndex", "StatScores", "HammingDistance", "ExactMatch",
             "NegativePredictiveValue", "Running", "RunningSum", "JensenShannonDivergence", "ROC",
             "PrecisionRecallCurve",
+            "LogAUC", "PrecisionAtFixedRecall", "RecallAtFixedPrecision", "SensitivityAtSpecificity",
+            "SpecificityAtSensitivity",
         )
     },
 }

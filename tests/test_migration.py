@@ -41,6 +41,11 @@ SUBMODULES = ("classification", "regression", "aggregation", "text", "segmentati
 BINNED = {"AUROC", "AveragePrecision"}
 #: binned curves (tuples of tensors): compared with torchmetrics' binned mode only
 CURVES = {"ROC", "PrecisionRecallCurve"}
+#: scores read off the binned curves: thresholds=None (torchmetrics' exact curve) is the 10 000-bin histogram here,
+#: whose threshold is the bin edge below the score (0.3499 for a float32 0.35): compared as BINNED (1e-3)
+CURVE_SCORES = {"LogAUC", "PrecisionAtFixedRecall", "RecallAtFixedPrecision", "SensitivityAtSpecificity",
+                "SpecificityAtSensitivity"}
+BINNED |= CURVE_SCORES
 
 
 def _dk_names() -> list[str]:
@@ -109,6 +114,14 @@ def test_issue_35_classes_have_docstring_examples():
                  "TweedieDevianceScore", "CriticalSuccessIndex", "StatScores", "HammingDistance", "ExactMatch",
                  "NegativePredictiveValue", "JensenShannonDivergence", "RunningSum"):
         assert name in shared, name
+
+
+def test_curve_scores_have_docstring_examples():
+    """The curve-derived scores (issue #35, item 4): each task class's torchmetrics examples are replayed."""
+    shared = {(c.values[0], c.values[2]) for c in CASES}
+    for name in sorted(CURVE_SCORES):
+        for task in ("binary", "multiclass", "multilabel"):
+            assert (name, task) in shared, (name, task)
 
 
 class _Recorder:

@@ -45,6 +45,13 @@ from d9d_kernels.metrics.classification_extended import ExactMatch, HammingDista
 from d9d_kernels.metrics.divergence import JensenShannonDivergence
 from d9d_kernels.metrics.running_window import Running, RunningSum
 from d9d_kernels.metrics.curves import ROC, PrecisionRecallCurve
+from d9d_kernels.metrics.curves_derived import (
+    LogAUC,
+    PrecisionAtFixedRecall,
+    RecallAtFixedPrecision,
+    SensitivityAtSpecificity,
+    SpecificityAtSensitivity,
+)
 
 __all__ = [
     "Accuracy",
@@ -94,4 +101,9 @@ __all__ = [
     "JensenShannonDivergence",
     "ROC",
     "PrecisionRecallCurve",
+    "LogAUC",
+    "PrecisionAtFixedRecall",
+    "RecallAtFixedPrecision",
+    "SensitivityAtSpecificity",
+    "SpecificityAtSensitivity",
 ]

@@ -164,7 +164,8 @@ class _Classification(Metric):
         if self.multidim_average == "samplewise":
             size = self.num_classes if self.task == "multiclass" else self.num_labels
             shape = (size,) if self.task != "binary" and self.average == "none" else ()
-            key = (type(self).__name__, self.average, getattr(self, "beta", None))
+            # every argument of _sample_scores: members whose scores differ never share the sums
+            key = (type(self).__name__, self.average, getattr(self, "beta", None), repr(getattr(self, "zero_division", 0)))
             return SamplewiseStatistic(
                 self.task, size, self._sample_scores, key, shape, threshold=self.threshold,
                 ignore_index=self.ignore_index, top_k=self.top_k, inputs=INPUTS,

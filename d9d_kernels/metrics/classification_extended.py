@@ -138,6 +138,9 @@ class NegativePredictiveValue(_RefinedTopK):
     """Negative predictive value ``tn / (tn + fn)`` (torchmetrics
     ``NegativePredictiveValue``), averaged as precision is.
 
+    ``zero_division`` (0, 1 or NaN): the score of a class with ``tn + fn == 0``
+    (nothing predicted negative), as torchmetrics.
+
     Example:
         >>> import torch, d9d_kernels as dk
         >>> m = dk.NegativePredictiveValue(task="binary")
@@ -146,11 +149,14 @@ class NegativePredictiveValue(_RefinedTopK):
         0.5
     """
 
+    _uses_zero_division = True
+
     def _formula(self, tp, fp, tn, fn, average, multilabel, top_k):
         _check_average(average)
+        zd = self.zero_division
         if average == "micro":
-            return F.safe_div(tn.sum(-1), (tn + fn).sum(-1))
-        return _average(F.safe_div(tn, tn + fn), tp, fp, fn, average, multilabel, top_k)
+            return F.safe_div(tn.sum(-1), (tn + fn).sum(-1), zd)
+        return _average(F.safe_div(tn, tn + fn, zd), tp, fp, fn, average, multilabel, top_k)
 
 
 def _refined(cls: type) -> type:

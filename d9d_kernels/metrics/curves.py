@@ -32,16 +32,55 @@ def _at_edges(x: torch.Tensor, edges: torch.Tensor) -> torch.Tensor:
     return inclusive.index_select(-1, edges)
 
 
+#: elements of one chunk of the macro curves' interpolation (classes x points)
+_MACRO_CHUNK = 1 << 22
+
+
+def interp(x: torch.Tensor, xp: torch.Tensor, fp: torch.Tensor) -> torch.Tensor:
+    """torchmetrics' ``utilities.compute.interp`` (its macro curves' one),
+    batched over the leading dim: for each ``x`` the segment ``i`` = (the
+    number of ``xp <= x``) - 1, clamped to the first / last segment, its
+    slope 0 where the segment has zero width. ``xp`` need not be sorted (the
+    precision of a PR curve is not monotone, and may be NaN): ``i`` indexes
+    the segments in the given order, as there."""
+    m = safe_div(fp[..., 1:] - fp[..., :-1], xp[..., 1:] - xp[..., :-1])
+    b = fp[..., :-1] - m * xp[..., :-1]
+    ranked = torch.sort(torch.nan_to_num(xp, nan=float("inf"))).values  # NaN is never <= x
+    count = torch.searchsorted(ranked, x, right=True)
+    count = torch.where(torch.isnan(x), torch.zeros_like(count), count)
+    idx = (count - 1).clamp(0, m.shape[-1] - 1)
+    return m.gather(-1, idx) * x + b.gather(-1, idx)
+
+
+def _macro(x: torch.Tensor, y: torch.Tensor, thresholds: torch.Tensor, descending: bool):
+    """torchmetrics' multiclass ``average="macro"`` curve: every class's ``x``
+    values sorted into one axis, the classes' ``y`` interpolated there
+    (``interp``) and averaged, the thresholds repeated once per class."""
+    C = x.shape[0]
+    mean_x = torch.sort(x.reshape(-1)).values
+    step = max(1, _MACRO_CHUNK // mean_x.numel())
+    mean_y = torch.zeros_like(mean_x)
+    for c in range(0, C, step):  # chunks of classes: [classes, C * T] at a time
+        n = min(step, C - c)
+        mean_y = mean_y + interp(mean_x.expand(n, -1).contiguous(), x[c:c + n], y[c:c + n]).sum(0)
+    return mean_x, mean_y / C, torch.sort(thresholds.repeat(C), descending=descending).values
+
+
 class _Curve(_Ranking):
+    #: the ``average`` values taken (besides None): torchmetrics' multiclass curves take "micro" / "macro"
+    _curve_averages = ("micro", "macro")
+
     def __init__(self, task: str, thresholds: int | None = None, num_classes: int | None = None,
                  num_labels: int | None = None, ignore_index: int | None = None, average: str | None = None,
                  num_bins: int = 10_000, nan_strategy: str = "error", class_dim: int | None = None):
         name = type(self).__name__
-        A.check(average in (None, "none"), name, "average",
-                f"must be None (one curve per class / label); torchmetrics' 'micro' / 'macro' curves are not "
-                f"taken, got {average!r}")
+        curve_average = "none" if average is None else average
+        A.check(curve_average == "none" or (task == "multiclass" and curve_average in self._curve_averages), name,
+                "average", f"must be None (one curve per class / label), or for task='multiclass' one of "
+                f"{self._curve_averages} (torchmetrics takes them there only), got {average!r} for task={task!r}")
         super().__init__(task, num_classes, num_labels, None, num_bins, ignore_index, nan_strategy, thresholds,
                          class_dim)
+        self.average = curve_average
 
     def _edges_on(self, device) -> torch.Tensor:
         """The thresholds as bin indices ``k`` (``t = k / num_bins``), increasing."""
@@ -49,8 +88,11 @@ class _Curve(_Ranking):
         return torch.arange(self.num_bins + 1, device=device) if edges is None else edges
 
     def _counts(self, s):
-        """``tps, fps, P, N`` per label and threshold ``[L, T]`` (binary: L = 1), and the edges."""
-        pos, neg = s["hist"][0], s["hist"][1]
+        """``tps, fps, P, N`` per label and threshold ``[L, T]`` (binary, average="micro": L = 1), and the edges."""
+        hist = s["hist"]
+        if self.average == "micro":  # torchmetrics' one-hot flattening: every (row, class) pair is one binary score
+            hist = hist.sum(1, keepdim=True)
+        pos, neg = hist[0], hist[1]
         edges = self._edges_on(pos.device)
         return (_at_edges(pos, edges), _at_edges(neg, edges), pos.sum(-1, keepdim=True), neg.sum(-1, keepdim=True),
                 edges)
@@ -66,7 +108,7 @@ class _Curve(_Ranking):
             nan = s["bad"][1] > 0
             out = tuple(torch.where(nan, torch.full_like(v, float("nan")), v) if i < 2 else v
                         for i, v in enumerate(out))
-        if self.task == "binary":
+        if self.task == "binary" or self.average == "micro":
             out = tuple(v[0] if v.dim() > 1 else v for v in out)
         return out
 
@@ -76,7 +118,9 @@ class ROC(_Curve):
     thresholds descending (torchmetrics ``ROC`` in its binned mode; module
     doc). Binary: ``[T]`` each; multiclass (one-vs-rest) / multilabel:
     ``fpr``, ``tpr`` ``[C, T]``, ``thresholds`` ``[T]``. A rate with a zero
-    denominator is 0.0 (torchmetrics).
+    denominator is 0.0 (torchmetrics). Multiclass ``average="micro"``: one
+    ``[T]`` curve of the classes' histograms summed; ``"macro"``:
+    torchmetrics' interpolated mean curve, ``[C * T]`` each (``_macro``).
 
     Example:
         >>> import torch, d9d_kernels as dk
@@ -91,7 +135,10 @@ class ROC(_Curve):
         tps, fps, P, N, edges = self._counts(s)
         tpr = torch.flip(safe_div(tps, P.expand_as(tps)), (-1,))
         fpr = torch.flip(safe_div(fps, N.expand_as(fps)), (-1,))
-        return fpr, tpr, torch.flip(self._thresholds(edges), (0,))
+        thresholds = torch.flip(self._thresholds(edges), (0,))
+        if self.average == "macro":
+            return _macro(fpr, tpr, thresholds, descending=True)
+        return fpr, tpr, thresholds
 
 
 class PrecisionRecallCurve(_Curve):
@@ -101,6 +148,8 @@ class PrecisionRecallCurve(_Curve):
     ``[T + 1]``, ``[T + 1]``, ``[T]``; ``[C, T + 1]`` per class / label). A ratio with a zero
     denominator is NaN there and here (no score at or above a threshold:
     precision; no positives: recall).
+    Multiclass ``average="micro"`` / ``"macro"`` as ``ROC`` (macro:
+    ``[C * (T + 1)]``, ``[C * (T + 1)]``, ``[C * T]``).
 
     Example:
         >>> import torch, d9d_kernels as dk
@@ -117,5 +166,7 @@ class PrecisionRecallCurve(_Curve):
         precision = safe_div(tps, tps + fps, nan)
         recall = safe_div(tps, P.expand_as(tps), nan)
         ones = torch.ones_like(precision[..., :1])
-        return (torch.cat([precision, ones], -1), torch.cat([recall, torch.zeros_like(ones)], -1),
-                self._thresholds(edges))
+        precision, recall = torch.cat([precision, ones], -1), torch.cat([recall, torch.zeros_like(ones)], -1)
+        if self.average == "macro":
+            return _macro(precision, recall, self._thresholds(edges), descending=False)
+        return precision, recall, self._thresholds(edges)

@@ -146,7 +146,8 @@ def _cases() -> dict:
 
 #: values for required constructor arguments of catalogue metrics without an explicit case
 _REQUIRED = {"threshold": lambda: 0.5, "p": lambda: 2.0, "num_classes": lambda: 3, "window": lambda: 3,
-             "base_metric": dk.SumMetric}
+             "base_metric": dk.SumMetric, "min_recall": lambda: 0.5, "min_precision": lambda: 0.5,
+             "min_specificity": lambda: 0.5, "min_sensitivity": lambda: 0.5}
 _RECIPES = (_pos, _reg, _values, _prob_rows, _rows, _mc, _bin, _ml)
 
 

@@ -560,7 +560,7 @@ def test_binned_curves_against_torchmetrics(name, task, thresholds):
 
 def test_binned_curves_errors_and_empty():
     with pytest.raises(ValueError, match=r"ROC: argument 'average'"):
-        dk.ROC(task="multiclass", num_classes=3, average="macro")
+        dk.ROC(task="multilabel", num_labels=3, average="macro")  # torchmetrics has no multilabel average
     with pytest.raises(ValueError, match=r"PrecisionRecallCurve: argument 'thresholds'"):
         dk.PrecisionRecallCurve(task="binary", thresholds=[0.5, 0.1])
     fpr, tpr, thr = dk.ROC(task="binary", thresholds=3).compute()

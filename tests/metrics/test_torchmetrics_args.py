@@ -336,3 +336,18 @@ def test_zero_division_group_on_cuda_matches_cpu():
     a, b = cpu.compute(), gpu.compute()
     for k in a:
         torch.testing.assert_close(b[k].cpu(), a[k], rtol=1e-12, atol=1e-12, equal_nan=True)
+
+
+def test_samplewise_members_differing_in_zero_division_keep_their_own_scores():
+    """Two samplewise Precision members that differ only in zero_division: each equals its
+    standalone twin (their per-sample sums must not be shared)."""
+    kw = dict(task="multiclass", num_classes=4, average="macro", multidim_average="samplewise")
+    g = torch.Generator().manual_seed(0)
+    preds, target = torch.randint(0, 4, (3, 10), generator=g), torch.randint(0, 4, (3, 10), generator=g)
+    group = dk.MetricGroup({"z0": dk.Precision(**kw, zero_division=0), "z1": dk.Precision(**kw, zero_division=1)})
+    group.update(preds=preds, target=target)
+    for name, zd in (("z0", 0), ("z1", 1)):
+        solo = dk.Precision(**kw, zero_division=zd)
+        solo.update(preds, target)
+        torch.testing.assert_close(group.compute()[name], solo.compute(), rtol=0, atol=0)
+    assert not torch.equal(group.compute()["z0"], group.compute()["z1"])
