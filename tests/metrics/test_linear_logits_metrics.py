@@ -250,3 +250,35 @@ def test_vocab_shards_on_gloo_ranks_equal_materialised_logits(world, dtype_name)
         assert_same(want, got, ppl_rtol=1e-6)
         for k, v in plain.items():
             torch.testing.assert_close(got[k], v, rtol=1e-6 if k == "ppl" else 0, atol=0, msg=k)
+
+
+@pytest.mark.gpu
+def test_cuda_update_makes_no_host_sync_and_replays_in_a_cuda_graph():
+    """After a warm-up (Triton autotune, plans): an update from LinearLogits reads
+    nothing on the host, and captured in a CUDA graph each replay adds the batch
+    as an eager update does."""
+    V = 4096
+    h, w, _, t = case((256,), D=64, V=V, dtype=torch.bfloat16, seed=6)
+    h, w, t = h.cuda(), w.cuda(), t.cuda()
+    keys = ("ppl", "acc", "top5")
+    g, ref = (dk.MetricGroup({k: m for k, m in members(V).items() if k in keys}, device="cuda") for _ in range(2))
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            g.update(preds=dk.LinearLogits(h, w), target=t)
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        g.update(preds=dk.LinearLogits(h, w), target=t)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        g.update(preds=dk.LinearLogits(h, w), target=t)
+    for _ in range(2):
+        graph.replay()
+    for _ in range(3 + 1 + 2):  # warm-up, the sync-debug update, the two replays (capture itself adds nothing)
+        ref.update(preds=h @ w.T, target=t)
+    assert_same(ref.compute(), g.compute(), ppl_rtol=1e-6)
