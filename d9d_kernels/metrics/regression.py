@@ -69,48 +69,19 @@ class _Regression(Metric):
         return self._value(states["m"])
 
 
-class MeanSquaredError(_Regression):
-    """Weighted mean squared error; ``squared=False`` gives the RMSE
-    (torchmetrics ``MeanSquaredError`` / sklearn ``mean_squared_error``,
-    ``root_mean_squared_error``).
+class _Outputs(_Regression):
+    """State per output column of ``[N, num_outputs]`` inputs (torchmetrics'
+    ``num_outputs``): one moment vector per column, allocated at construction.
+    With ``num_outputs=1`` a metric whose ``_pools`` is set takes any shape and
+    pools it (torchmetrics flattens there); otherwise a 2-D input must have
+    ``num_outputs`` columns and raises naming it, never pooling silently."""
 
-    Example:
-        >>> import torch, d9d_kernels as dk
-        >>> m = dk.MeanSquaredError()
-        >>> m.update(torch.tensor([1.0, 2.0, 4.0]), torch.tensor([1.0, 3.0, 2.0]))
-        >>> round(m.compute().item(), 6)
-        1.666667
-    """
+    _pools = False
 
-    def __init__(self, squared: bool = True, nan_strategy: str = "propagate"):
+    def __init__(self, num_outputs: int = 1, nan_strategy: str = "propagate"):
         super().__init__(nan_strategy=nan_strategy)
-        A.check(isinstance(squared, bool), "MeanSquaredError", "squared", f"must be a bool, got {squared!r}", TypeError)
-        self.squared = squared
-
-    def _value(self, s):
-        return G.mean_squared_error(s["moments"], self.squared)
-
-
-class MeanAbsoluteError(_Regression):
-    """Weighted mean absolute error (torchmetrics ``MeanAbsoluteError`` / sklearn ``mean_absolute_error``)."""
-
-    def _value(self, s):
-        return G.mean_absolute_error(s["moments"])
-
-
-MULTIOUTPUTS = ("raw_values", "uniform_average", "variance_weighted")
-
-
-class _PerOutput(_Regression):
-    """A score per output column, reduced by ``multioutput`` (torchmetrics' ``num_outputs`` / ``multioutput``)."""
-
-    def __init__(self, num_outputs: int = 1, multioutput: str = "uniform_average", nan_strategy: str = "propagate"):
-        super().__init__(nan_strategy=nan_strategy)
-        name = type(self).__name__
-        A.check_int(name, "num_outputs", num_outputs)
-        A.check_choice(name, "multioutput", multioutput, MULTIOUTPUTS)
+        A.check_int(type(self).__name__, "num_outputs", num_outputs)
         self.num_outputs = num_outputs
-        self.multioutput = multioutput
 
     def _statistics(self):
         if self.num_outputs == 1:
@@ -120,14 +91,63 @@ class _PerOutput(_Regression):
 
     def _check_outputs(self, shape):
         M = self.num_outputs
+        if M == 1 and self._pools:
+            return
         if len(shape) == 2 and shape[1] != M:
             A.fail(type(self).__name__, "num_outputs",
                    f"is {M} but preds and target of shape {shape} have {shape[1]} columns (outputs): pass "
-                   f"num_outputs={shape[1]} for a score per column reduced by multioutput (torchmetrics), or "
+                   f"num_outputs={shape[1]} for a score per column (torchmetrics), or "
                    f"flatten preds and target to pool them")
         if not (len(shape) == 2 or (M == 1 and len(shape) <= 1)):
             want = "[N] or [N, 1]" if M == 1 else f"[N, {M}]"
             A.fail(type(self).__name__, "preds", f"must be {want} (num_outputs={M}), got shape {shape}")
+
+
+class MeanSquaredError(_Outputs):
+    """Weighted mean squared error; ``squared=False`` gives the RMSE
+    (torchmetrics ``MeanSquaredError`` / sklearn ``mean_squared_error``,
+    ``root_mean_squared_error``); ``num_outputs`` > 1: one value per column
+    of ``[N, num_outputs]`` inputs (torchmetrics).
+
+    Example:
+        >>> import torch, d9d_kernels as dk
+        >>> m = dk.MeanSquaredError()
+        >>> m.update(torch.tensor([1.0, 2.0, 4.0]), torch.tensor([1.0, 3.0, 2.0]))
+        >>> round(m.compute().item(), 6)
+        1.666667
+    """
+
+    _pools = True
+
+    def __init__(self, squared: bool = True, num_outputs: int = 1, nan_strategy: str = "propagate"):
+        super().__init__(num_outputs, nan_strategy=nan_strategy)
+        A.check(isinstance(squared, bool), "MeanSquaredError", "squared", f"must be a bool, got {squared!r}", TypeError)
+        self.squared = squared
+
+    def _value(self, s):
+        return G.mean_squared_error(s["moments"], self.squared)
+
+
+class MeanAbsoluteError(_Outputs):
+    """Weighted mean absolute error (torchmetrics ``MeanAbsoluteError`` / sklearn
+    ``mean_absolute_error``); ``num_outputs`` as ``MeanSquaredError``'s."""
+
+    _pools = True
+
+    def _value(self, s):
+        return G.mean_absolute_error(s["moments"])
+
+
+MULTIOUTPUTS = ("raw_values", "uniform_average", "variance_weighted")
+
+
+class _PerOutput(_Outputs):
+    """A score per output column, reduced by ``multioutput`` (torchmetrics' ``num_outputs`` / ``multioutput``)."""
+
+    def __init__(self, num_outputs: int = 1, multioutput: str = "uniform_average", nan_strategy: str = "propagate"):
+        super().__init__(num_outputs, nan_strategy=nan_strategy)
+        A.check_choice(type(self).__name__, "multioutput", multioutput, MULTIOUTPUTS)
+        self.multioutput = multioutput
 
     def _value(self, s):
         scores = self._scores(s)
@@ -168,9 +188,14 @@ class R2Score(_PerOutput):
         return G.r2_adjust(G.r2_score(m), m, self.adjusted)
 
 
-class PearsonCorrCoef(_Regression):
+class PearsonCorrCoef(_Outputs):
     """(Weighted) Pearson correlation of preds and target (torchmetrics
-    ``PearsonCorrCoef`` / ``numpy.corrcoef``); 0.0 when a variance is 0."""
+    ``PearsonCorrCoef`` / ``numpy.corrcoef``); 0.0 when a variance is 0;
+    ``num_outputs`` > 1: one per column of ``[N, num_outputs]`` inputs. With
+    ``num_outputs=1`` any shape pools (torchmetrics refuses a 2-D input of
+    several columns there)."""
+
+    _pools = True
 
     def _value(self, s):
         return G.pearson_corrcoef(s["moments"])

@@ -351,3 +351,38 @@ def test_samplewise_members_differing_in_zero_division_keep_their_own_scores():
         solo.update(preds, target)
         torch.testing.assert_close(group.compute()[name], solo.compute(), rtol=0, atol=0)
     assert not torch.equal(group.compute()["z0"], group.compute()["z1"])
+
+
+@pytest.mark.parametrize("name,kw", [("MeanSquaredError", {}), ("MeanSquaredError", dict(squared=False)),
+                                     ("MeanAbsoluteError", {}), ("PearsonCorrCoef", {})])
+def test_num_outputs_per_column_matches_torchmetrics_and_sklearn(name, kw):
+    """num_outputs=5 on [N, 5]: one value per column (torchmetrics; scikit-learn's
+    multioutput='raw_values'); the same through forward, a group and compute_to_host;
+    a 2-D input of another width raises naming num_outputs, and the state is intact."""
+    from sklearn.metrics import mean_absolute_error, mean_squared_error
+
+    g = torch.Generator().manual_seed(3)
+    batches = [(torch.randn(16, 5, generator=g), torch.randn(16, 5, generator=g)) for _ in range(3)]
+    ours, group = getattr(dk, name)(num_outputs=5, **kw), dk.MetricGroup({"m": getattr(dk, name)(num_outputs=5, **kw)})
+    theirs = getattr(tm, name)(num_outputs=5, **kw)
+    for i, (x, y) in enumerate(batches):
+        batch = ours(x, y) if i == 2 else ours.update(x, y)
+        group.update(preds=x, target=y)
+        theirs.update(x, y)
+    torch.testing.assert_close(batch.float(), getattr(tm, name)(num_outputs=5, **kw)(*batches[2]), rtol=1e-5, atol=1e-6)
+    want = theirs.compute()
+    for got in (ours.compute(), group.compute()["m"], torch.tensor(ours.compute_to_host().result())):
+        assert got.shape == (5,)
+        torch.testing.assert_close(got.float(), want, rtol=1e-5, atol=1e-6)
+    x, y = torch.cat([b[0] for b in batches]).numpy(), torch.cat([b[1] for b in batches]).numpy()
+    if name == "MeanAbsoluteError":
+        ref = mean_absolute_error(y, x, multioutput="raw_values")
+    elif name == "MeanSquaredError":
+        ref = mean_squared_error(y, x, multioutput="raw_values") ** (1.0 if kw.get("squared", True) else 0.5)
+    else:
+        ref = np.array([np.corrcoef(x[:, j], y[:, j])[0, 1] for j in range(5)])
+    np.testing.assert_allclose(ours.compute().numpy(), ref, rtol=1e-5)
+    before = ours.compute()
+    with pytest.raises(ValueError, match=rf"{name}: argument 'num_outputs' is 5 .* pass num_outputs=4"):
+        ours.update(torch.randn(3, 4), torch.randn(3, 4))
+    torch.testing.assert_close(ours.compute(), before, rtol=0, atol=0)

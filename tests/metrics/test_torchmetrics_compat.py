@@ -37,9 +37,8 @@ from torchmetrics' own functions where possible:
   vector; StatScores ``"weighted"`` normalised per sample;
 - NegativePredictiveValue ``zero_division``: torchmetrics' functional NPV
   (its modular class ignores it);
-- multi-output MSE / MAE / Pearson (``num_outputs=M``): refused, one metric
-  per column gives torchmetrics' vector; R2Score / ExplainedVariance need
-  ``num_outputs=M`` (torchmetrics reads it from the data); NRMSE refuses
+- R2Score / ExplainedVariance need ``num_outputs=M`` (torchmetrics reads it
+  from the data); NRMSE refuses
   ``[N, M]`` with ``num_outputs=1`` (torchmetrics pools; flattened inputs do);
 - aggregation ``nan_strategy="error"``: torchmetrics raises in ``update``,
   here the ``ValueError`` comes where the host reads the value.
@@ -451,7 +450,7 @@ REGRESSION = {
 TAKES_NUM_OUTPUTS = {"NormalizedRootMeanSquaredError", "LogCoshError", "RelativeSquaredError", "ConcordanceCorrCoef"}
 NEEDS_NUM_OUTPUTS = {"R2Score", "ExplainedVariance"}  # ours only: torchmetrics infers it
 POOL_BY_FLATTEN = {"NormalizedRootMeanSquaredError"}  # [N, M] without num_outputs: refused, flattened inputs pool
-PER_COLUMN = {"MeanSquaredError", "MeanAbsoluteError", "PearsonCorrCoef"}  # torchmetrics num_outputs; ours refuses
+PER_COLUMN = {"MeanSquaredError", "MeanAbsoluteError", "PearsonCorrCoef"}  # num_outputs, as torchmetrics
 
 
 def _regression_arg_sets(name, family):
@@ -482,15 +481,7 @@ REGRESSION_CASES = dict(_regression_cases())
 def test_regression_matches_torchmetrics(name, family, kw):
     batches = regression_batches(family)
     want, want_batch = _run_tm(lambda: getattr(tm, name)(**kw), batches)
-    if name in PER_COLUMN and "num_outputs" in kw:
-        # documented: one output per metric; one metric per column gives torchmetrics' vector
-        with pytest.raises((TypeError, ValueError)):
-            getattr(dk, name)(**kw)
-        plain = {k: v for k, v in kw.items() if k != "num_outputs"}
-        cols = [_run_ours(lambda: getattr(dk, name)(**plain), tuple((p[:, j], t[:, j]) for p, t in batches))
-                for j in range(M)]
-        value, batch = torch.stack([c[0] for c in cols]), torch.stack([c[1] for c in cols])
-    elif name in POOL_BY_FLATTEN and family.startswith("multi") and "num_outputs" not in kw:
+    if name in POOL_BY_FLATTEN and family.startswith("multi") and "num_outputs" not in kw:
         # documented: torchmetrics pools [N, M] with num_outputs=1; here that raises, flattened inputs pool
         with pytest.raises(ValueError, match="flatten them to pool"):
             getattr(dk, name)(**kw).update(*batches[0])
