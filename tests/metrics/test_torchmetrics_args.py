@@ -386,3 +386,25 @@ def test_num_outputs_per_column_matches_torchmetrics_and_sklearn(name, kw):
     with pytest.raises(ValueError, match=rf"{name}: argument 'num_outputs' is 5 .* pass num_outputs=4"):
         ours.update(torch.randn(3, 4), torch.randn(3, 4))
     torch.testing.assert_close(ours.compute(), before, rtol=0, atol=0)
+
+
+def test_torchmetrics_base_settings_accepted_or_refused_with_what_to_use():
+    """torchmetrics' Metric keyword arguments on every exported class: the ones that behave
+    the same here are taken; the others raise ValueError naming the argument and the way
+    to get that behaviour, never a TypeError."""
+    from d9d_kernels.core.metric import Metric
+
+    same = dict(validate_args=False, compute_on_cpu=True, compute_with_cache=False, dist_sync_on_step=False,
+                sync_on_compute=False, process_group=None, dist_sync_fn=None, distributed_available_fn=None)
+    plain = [dk.SumMetric, lambda **k: dk.Accuracy(task="multiclass", num_classes=3, **k), dk.MeanSquaredError,
+             lambda **k: dk.AUROC(task="binary", **k), dk.Perplexity]
+    for make in plain:
+        m = make(**same)
+        assert isinstance(m, Metric)
+    for name, value in (("dist_sync_on_step", True), ("sync_on_compute", True), ("process_group", object()),
+                        ("dist_sync_fn", print)):
+        with pytest.raises(ValueError, match=rf"argument '{name}'.* is not supported: .*ctx"):
+            dk.Accuracy(task="multiclass", num_classes=3, **{name: value})
+    m = dk.MeanMetric(validate_args=True)
+    m.update(torch.tensor([1.0, 3.0]))
+    assert m.compute().item() == 2.0
