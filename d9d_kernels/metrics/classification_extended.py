@@ -34,21 +34,6 @@ def _check_average(average: str) -> None:
         raise ValueError(f"average must be one of {F.AVERAGES}, got {average!r}")
 
 
-def _average(score, tp, fp, fn, average: str, multilabel: bool, top_k: int = 1) -> torch.Tensor:
-    """Per-class ``score`` reduced by ``average``: torchmetrics'
-    ``_adjust_weights_safe_divide`` (as ``formulas.classification`` averages)."""
-    if average == "none":
-        return score
-    if average == "weighted":
-        weights = tp + fn
-    else:
-        weights = torch.ones_like(score)
-        if not multilabel:
-            absent = (tp + fp + fn == 0) if top_k == 1 else (tp + fn == 0)
-            weights = torch.where(absent, torch.zeros_like(weights), weights)
-    return F.safe_div((weights * score).sum(-1), weights.sum(-1))
-
-
 class _RefinedTopK(_Classification):
     """Multiclass ``top_k > 1`` through torchmetrics' one prediction per row."""
 
@@ -131,7 +116,7 @@ class HammingDistance(_RefinedTopK):
             return 1.0 - F.safe_div(tp.sum(-1), (tp + fn).sum(-1))
         score = 1.0 - (F.safe_div(tp + tn, tp + tn + fp + fn) if multilabel else F.safe_div(tp, tp + fn))
         # torchmetrics averages without top_k (its top_k=1 rule for absent classes)
-        return _average(score, tp, fp, fn, average, multilabel, 1)
+        return F._average(score, tp, fp, fn, average, multilabel, 1)
 
 
 class NegativePredictiveValue(_RefinedTopK):
@@ -156,7 +141,7 @@ class NegativePredictiveValue(_RefinedTopK):
         zd = self.zero_division
         if average == "micro":
             return F.safe_div(tn.sum(-1), (tn + fn).sum(-1), zd)
-        return _average(F.safe_div(tn, tn + fn, zd), tp, fp, fn, average, multilabel, top_k)
+        return F._average(F.safe_div(tn, tn + fn, zd), tp, fp, fn, average, multilabel, top_k)
 
 
 def _refined(cls: type) -> type:

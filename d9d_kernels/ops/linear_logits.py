@@ -199,6 +199,15 @@ def target_logits(hidden, weight, bias, target, start: int, softcap: float | Non
     return torch.where(here, out, float("-inf"))
 
 
+def _block_logits(h, wt, bias, c0: int, c: int, out: torch.Tensor, softcap: float | None) -> torch.Tensor:
+    """Columns ``[c0, c0 + c)`` of the logits of rows ``h`` into ``out`` (torch.mm's rounding), soft-capped."""
+    if bias is None:
+        torch.mm(h, wt[:, c0 : c0 + c], out=out)
+    else:
+        torch.addmm(bias[c0 : c0 + c], h, wt[:, c0 : c0 + c], out=out)
+    return softcapped(out, softcap)
+
+
 def _native_block(device: torch.device):
     """``torch.ops.d9d_kernels.linear_logits_block`` (csrc/cpu/linear_logits.cpp:
     a block's reductions in one pass over it) on CPU where the extension has
@@ -240,12 +249,8 @@ def _rows_torch(hidden, weight, bias, target, target_logit, start, softcap, sume
             st[:, 0] = float("-inf")
             for c0 in range(0, V, cols):
                 c = min(cols, V - c0)
-                zb = zbuf[: n * c].view(n, c)
-                if bias is None:
-                    torch.mm(h, wt[:, c0 : c0 + c], out=zb)
-                else:
-                    torch.addmm(bias[c0 : c0 + c], h, wt[:, c0 : c0 + c], out=zb)
-                native(softcapped(zb, softcap), zt, tloc, c0, sumexp, st)
+                zb = _block_logits(h, wt, bias, c0, c, zbuf[: n * c].view(n, c), softcap)
+                native(zb, zt, tloc, c0, sumexp, st)
             o = out[r0 : r0 + n]
             o[:, 0:2] = st[:, 0:2]
             o[:, 2] = zt
@@ -268,12 +273,7 @@ def _rows_torch(hidden, weight, bias, target, target_logit, start, softcap, sume
         A = torch.zeros(n, dtype=torch.int64, device=dev)
         for c0 in range(0, V, cols):
             c = min(cols, V - c0)
-            zb = zbuf[: n * c].view(n, c)
-            if bias is None:
-                torch.mm(h, wt[:, c0 : c0 + c], out=zb)
-            else:
-                torch.addmm(bias[c0 : c0 + c], h, wt[:, c0 : c0 + c], out=zb)
-            softcapped(zb, softcap)
+            zb = _block_logits(h, wt, bias, c0, c, zbuf[: n * c].view(n, c), softcap)
             z = zb if dt == acc else fbuf[: n * c].view(n, c).copy_(zb)
             cm, ci = torch.max(z, 1)  # first maximum of the block (torch.max's documented tie rule)
             A = torch.where(cm > M, ci + c0, A)  # strict: an earlier block keeps a tie

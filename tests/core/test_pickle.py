@@ -23,6 +23,7 @@ import pytest
 import torch
 
 import d9d_kernels as dk
+from tests.metrics._catalogue_utils import _one_thread  # noqa: F401  (autouse: one intra-op thread)
 
 C, L = 5, 3
 
@@ -216,12 +217,6 @@ def _batches(inputs, n=3, seed=0):
     return [inputs(g) for _ in range(n)]
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 @pytest.mark.parametrize("how", ["pickle", "deepcopy"])

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import d9d_kernels as dk
+from tests.metrics._catalogue_utils import _one_thread  # noqa: F401  (autouse: one intra-op thread)
 
 tm = pytest.importorskip("torchmetrics")
 tmc = pytest.importorskip("torchmetrics.classification")
@@ -23,12 +24,6 @@ NAN = float("nan")
 PREFIX = {"binary": "Binary", "multiclass": "Multiclass", "multilabel": "Multilabel"}
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def _close(ours, theirs, atol=1e-6, msg=""):
