@@ -62,6 +62,19 @@ TINY = [(64, 2000)]
 OP = "ppl+acc+top5"
 
 
+def interleaved(fns: dict, rounds: int) -> dict[str, list[float]]:
+    """Seconds per call of each provider: one warm-up call each (plans,
+    first-touch), then ``rounds`` rounds calling every provider in turn."""
+    for fn in fns.values():
+        fn()
+    times = {k: [] for k in fns}
+    for _ in range(rounds):
+        for k, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            times[k].append(time.perf_counter() - t0)
+    return times
+
 def batch(N, V, dtype):
     g = torch.Generator().manual_seed(0)
     x = (torch.randn(N, V, generator=g) * 3).to(dtype)
@@ -335,14 +348,7 @@ def main_hidden(a, shapes, rounds) -> int:
         for dtype in (torch.float32, torch.bfloat16):
             h, w, t, lse = hidden_batch(N, D, V, dtype)
             fns = hidden_providers(h, w, t, lse)
-            for fn in fns.values():
-                fn()
-            times = {k: [] for k in fns}
-            for _ in range(rounds):
-                for k, fn in fns.items():
-                    t0 = time.perf_counter()
-                    fn()
-                    times[k].append(time.perf_counter() - t0)
+            times = interleaved(fns, rounds)
             shape, dt = f"N={N},D={D},V={V},threads={torch.get_num_threads()}", str(dtype).replace("torch.", "")
             for k, ts in times.items():
                 rows.append(row("lm", op=HIDDEN_OP, provider=k, shape=shape, dtype=dt, device="cpu", stats=stats(ts)))
@@ -390,14 +396,7 @@ def main(argv=None) -> int:
         for dtype in (torch.bfloat16, torch.float32):
             x, t = batch(N, V, dtype)
             fns = providers(x, t, with_torchmetrics=(N, V) == shapes[0])
-            for fn in fns.values():  # warm-up (plans, first-touch)
-                fn()
-            times = {k: [] for k in fns}
-            for _ in range(rounds):
-                for k, fn in fns.items():
-                    t0 = time.perf_counter()
-                    fn()
-                    times[k].append(time.perf_counter() - t0)
+            times = interleaved(fns, rounds)
             shape, dt = f"N={N},V={V}", str(dtype).replace("torch.", "")
             for k, ts in times.items():
                 rows.append(row("lm", op=OP, provider=k, shape=shape, dtype=dt, device="cpu", stats=stats(ts)))

@@ -42,6 +42,7 @@ __all__ = [
     "score_histogram",
     "running_extrema",
     "linear_logits",
+    "linear_logits_combine",
     "LINEAR_ROWS",
     "INPUT_PROBS",
     "INPUT_LOGITS",
@@ -504,3 +505,21 @@ def linear_logits(
     out[:, 2] = zt
     out[:, 3] = ahead.sum(1, dtype=torch.float64)
     out[:, 4] = (z.max(1).indices + start).to(torch.float64)
+
+
+def linear_logits_combine(parts: torch.Tensor, out: torch.Tensor) -> None:
+    """Rows ``[S, N, 5]`` of S vocabulary slices (or tp shards) combined into
+    ``out`` ``[N, 5]`` (torch ops on the device, no host sync): the max, the
+    rescaled sum of exps, the target logit (the max of the slices': -inf
+    where a slice does not hold it), the summed counts, the argmax of the
+    first slice reaching the max (slices in vocabulary order)."""
+    m = parts[:, :, 0]
+    M = m.amax(0)
+    M = torch.where(torch.isnan(m).any(0), float("nan"), M)
+    safe = torch.where(torch.isfinite(M), M, 0.0)
+    out[:, 0] = M
+    out[:, 1] = (parts[:, :, 1] * torch.exp(m - safe)).sum(0)
+    out[:, 2] = parts[:, :, 2].amax(0)
+    out[:, 3] = parts[:, :, 3].sum(0)
+    first = torch.where(m == M, parts[:, :, 4], float("inf")).amin(0)
+    out[:, 4] = torch.where(torch.isfinite(first), first, parts[0, :, 4])

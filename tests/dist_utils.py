@@ -38,3 +38,31 @@ def run_distributed_expect_errors(fn, world_size: int, *args, timeout: float = 1
     without raising, for tests that expect failures. Missing ranks (hung and
     killed) are reported as ``("timeout", None)``."""
     return spawn_gloo(fn, world_size, *args, timeout=timeout, pg_timeout=pg_timeout, env=_ENV)
+
+
+#: the torch.distributed collectives ``spy_collectives`` counts
+COLLECTIVES = ("all_reduce", "all_reduce_coalesced", "all_gather", "all_gather_into_tensor", "all_gather_object",
+               "broadcast", "broadcast_object_list", "reduce", "reduce_scatter", "reduce_scatter_tensor",
+               "all_to_all", "all_to_all_single", "barrier", "gather", "scatter")
+
+
+def spy_collectives(calls: list) -> list:
+    """Appends the name of every collective launched in this process to
+    ``calls`` (patched on torch.distributed and c10d once per process: later
+    calls keep the first list); returns ``calls``."""
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    for name in COLLECTIVES:
+        for mod in (dist, c10d):
+            orig = getattr(mod, name, None)
+            if orig is None or getattr(orig, "_spied", False):
+                continue
+
+            def wrap(*a, _orig=orig, _name=name, **k):
+                calls.append(_name)
+                return _orig(*a, **k)
+
+            wrap._spied = True
+            setattr(mod, name, wrap)
+    return calls

@@ -458,10 +458,7 @@ class Storage:
         new._alloc()
         for k in KINDS:
             new.local[k].copy_(self.local[k])
-        new.synced = None if self.synced is None else {k: v.clone() for k, v in self.synced.items()}
-        new.synced_views = None if new.synced is None else [
-            new.layout.views(new.synced, j) for j in range(len(new.layout.stats))
-        ]
+        new._set_synced(None if self.synced is None else {k: v.clone() for k, v in self.synced.items()})
         new.pending = None
         new.dirty = self.dirty
         new.handshakes = dict(self.handshakes)
@@ -485,13 +482,17 @@ class Storage:
         for k in KINDS:
             self.local[k].copy_(state["local"][k])
         synced = state["synced"]
-        self.synced = None if synced is None else {k: v.to(self.device, copy=True) for k, v in synced.items()}
-        self.synced_views = None if self.synced is None else [
-            self.layout.views(self.synced, j) for j in range(len(self.layout.stats))
-        ]
+        self._set_synced(None if synced is None else {k: v.to(self.device, copy=True) for k, v in synced.items()})
         self.pending = None
         self.dirty = state["dirty"]
         self.handshakes = {}
+
+    def _set_synced(self, synced: dict[str, torch.Tensor] | None) -> None:
+        """``synced`` (buffers per kind, or None) as the synced snapshot, with its views."""
+        self.synced = synced
+        self.synced_views = None if synced is None else [
+            self.layout.views(synced, j) for j in range(len(self.layout.stats))
+        ]
 
     def _reset_kinds(self) -> tuple[str, ...]:
         """The kinds ``reset`` fills: REPLICA too (moment pivots re-picked
@@ -502,8 +503,7 @@ class Storage:
     def reset(self) -> None:
         for k in self._reset_kinds():
             self.local[k].copy_(self.init[k])
-        self.synced = None
-        self.synced_views = None
+        self._set_synced(None)
         self.dirty = False
         self.discard_pending()
 
@@ -530,10 +530,7 @@ class Storage:
         self._alloc()
         for k in KINDS:
             self.local[k].copy_(local[k])
-        self.synced = synced
-        self.synced_views = None if synced is None else [
-            self.layout.views(synced, j) for j in range(len(self.layout.stats))
-        ]
+        self._set_synced(synced)
 
     # -- checkpoint ----------------------------------------------------------
     def entry(self) -> StateEntry:
@@ -571,7 +568,6 @@ class Storage:
             self.local[MAX].copy_(torch.stack([b[MAX] for b in bufs]).amax(0) if self.layout.sizes[MAX] else self.init[MAX])
             self.local[REPLICA].copy_(bufs[0][REPLICA])
         self.handshakes.clear()  # loaded pivots must be aligned again at the next sync
-        self.synced = None
-        self.synced_views = None
+        self._set_synced(None)
         self.dirty = False
         self.discard_pending()

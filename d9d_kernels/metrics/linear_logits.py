@@ -36,7 +36,7 @@ import torch
 
 from d9d_kernels.metrics import _args as A
 from d9d_kernels.ops import FLOATS
-from d9d_kernels.reference import add_bad
+from d9d_kernels.reference import add_bad, linear_logits_combine
 
 __all__ = ["LinearLogits", "add_linear_class_stats", "check_linear", "TAKEN_BY"]
 
@@ -179,21 +179,8 @@ def _rows(ll: LinearLogits, t: torch.Tensor, sumexp: bool, split) -> torch.Tenso
     g = torch.empty(W, *part.shape, dtype=torch.float64, device=part.device)
     ctx.all_gather_into_tensor(g, part).wait()
     out = torch.empty_like(part)
-    _combine(g, out)
+    linear_logits_combine(g, out)
     return out
-
-
-def _combine(parts: torch.Tensor, out: torch.Tensor) -> None:
-    """``[S, N, 5]`` rows of S vocabulary slices into ``out`` (``triton.linear_logits.combine``, torch ops only)."""
-    m = parts[:, :, 0]
-    M = torch.where(torch.isnan(m).any(0), float("nan"), m.amax(0))
-    safe = torch.where(torch.isfinite(M), M, 0.0)
-    out[:, 0] = M
-    out[:, 1] = (parts[:, :, 1] * torch.exp(m - safe)).sum(0)
-    out[:, 2] = parts[:, :, 2].amax(0)
-    out[:, 3] = parts[:, :, 3].sum(0)
-    first = torch.where(m == M, parts[:, :, 4], float("inf")).amin(0)
-    out[:, 4] = torch.where(torch.isfinite(first), first, parts[0, :, 4])
 
 
 def unsupported(metric) -> str | None:

@@ -24,6 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
+from d9d_kernels.reference import linear_logits_combine as combine
 from d9d_kernels.triton._common import INTERPRETED, launch, pow2, register, scratch
 
 #: programs in flight that keep an H100 busy (132 SMs, a few programs each)
@@ -143,24 +144,6 @@ _kernel = _linear_logits_kernel if INTERPRETED else triton.autotune(
 #: compiled launches split the vocabulary for this BLOCK_N (the smallest of
 #: the configs: enough programs whichever the tuner picks)
 _SPLIT_BLOCK_N = 64
-
-
-def combine(parts: torch.Tensor, out: torch.Tensor) -> None:
-    """Rows ``[S, N, 5]`` of S vocabulary slices (or tp shards) combined into
-    ``out`` ``[N, 5]`` (torch ops on the device, no host sync): the max, the
-    rescaled sum of exps, the target logit (the max of the slices': -inf
-    where a slice does not hold it), the summed counts, the argmax of the
-    first slice reaching the max (slices in vocabulary order)."""
-    m = parts[:, :, 0]
-    M = m.amax(0)
-    M = torch.where(torch.isnan(m).any(0), float("nan"), M)
-    safe = torch.where(torch.isfinite(M), M, 0.0)
-    out[:, 0] = M
-    out[:, 1] = (parts[:, :, 1] * torch.exp(m - safe)).sum(0)
-    out[:, 2] = parts[:, :, 2].amax(0)
-    out[:, 3] = parts[:, :, 3].sum(0)
-    first = torch.where(m == M, parts[:, :, 4], float("inf")).amin(0)
-    out[:, 4] = torch.where(torch.isfinite(first), first, parts[0, :, 4])
 
 
 @register("linear_logits_triton", mutates_args=("out",))

@@ -9,7 +9,7 @@ import torch
 
 import d9d_kernels as dk
 from d9d_kernels.core import sync as metric_mod
-from tests.dist_utils import run_distributed, run_distributed_expect_errors
+from tests.dist_utils import run_distributed, run_distributed_expect_errors, spy_collectives
 
 N_TOTAL = 103  # uneven shards
 
@@ -27,26 +27,7 @@ _CALLS: list[str] = []
 
 def _spy():
     """Counts every collective call (patched on torch.distributed and c10d)."""
-    import torch.distributed as dist
-    import torch.distributed.distributed_c10d as c10d
-
-    calls = _CALLS
-    names = ["all_reduce", "all_reduce_coalesced", "all_gather", "all_gather_into_tensor", "all_gather_object",
-             "broadcast", "broadcast_object_list", "reduce", "reduce_scatter", "reduce_scatter_tensor",
-             "all_to_all", "all_to_all_single", "barrier", "gather", "scatter"]
-    for name in names:
-        for mod in (dist, c10d):
-            orig = getattr(mod, name, None)
-            if orig is None or getattr(orig, "_spied", False):
-                continue
-
-            def wrap(*a, _orig=orig, _name=name, **k):
-                _CALLS.append(_name)
-                return _orig(*a, **k)
-
-            wrap._spied = True
-            setattr(mod, name, wrap)
-    return calls
+    return spy_collectives(_CALLS)
 
 
 def _group():

@@ -24,7 +24,7 @@ pytest.importorskip("d9d.metric")  # "d9d" alone could be this test folder (a na
 
 import d9d_kernels as dk  # noqa: E402
 from d9d_kernels.distributed import as_context  # noqa: E402
-from tests.dist_utils import run_distributed  # noqa: E402
+from tests.dist_utils import run_distributed, spy_collectives  # noqa: E402
 
 C = 7  # classes
 SHARD_SIZES = (41, 58)  # uneven data shards, two batches each
@@ -142,26 +142,6 @@ def _d9d_context(**degrees):
     return ctx
 
 
-def _spy(calls: list):
-    """Counts the collectives launched through torch.distributed."""
-    import torch.distributed as dist
-    import torch.distributed.distributed_c10d as c10d
-
-    for name in ("all_reduce", "all_reduce_coalesced", "all_gather", "all_gather_into_tensor", "broadcast",
-                 "reduce_scatter_tensor", "barrier"):
-        for mod in (dist, c10d):
-            orig = getattr(mod, name, None)
-            if orig is None or getattr(orig, "_spied", False):
-                continue
-
-            def wrap(*a, _orig=orig, _name=name, **k):
-                calls.append(_name)
-                return _orig(*a, **k)
-
-            wrap._spied = True
-            setattr(mod, name, wrap)
-
-
 def _layout_run(rank: int, layout: str, calls: list) -> dict:
     from d9d.metric.impl.container import ComposeMetric
 
@@ -212,7 +192,7 @@ def _layout_run(rank: int, layout: str, calls: list) -> dict:
 
 def _worker(rank, world):
     calls: list = []
-    _spy(calls)
+    spy_collectives(calls)
     return {layout: _layout_run(rank, layout, calls) for layout in LAYOUTS}
 
 

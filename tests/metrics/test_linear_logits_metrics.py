@@ -142,7 +142,7 @@ def test_vocab_shard_local_equals_unsharded():
 
 
 def test_combine_of_shards_equals_whole():
-    from d9d_kernels.metrics.linear_logits import _combine
+    from d9d_kernels.reference import linear_logits_combine as _combine
 
     h, w, b, t = case((50,), V=333, bias=True)
     whole = L.linear_logits(h, w, b, t)
