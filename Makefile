@@ -12,7 +12,7 @@ STAMP    := $(VENV)/.complete
 # Archs for the CUDA kernels (no GPU here: torch's default would probe one and crash).
 export TORCH_CUDA_ARCH_LIST ?= 8.0;9.0+PTX
 export PYTHONPATH := $(CURDIR)$(if $(PYTHONPATH),:$(PYTHONPATH))
-SOURCES  := setup.py $(wildcard csrc/*.cpp csrc/*.h csrc/kernels/*.h csrc/cpu/*.cpp csrc/cpu/*.h csrc/cuda/*.cu csrc/cuda/*.cuh)
+SOURCES  := setup.py $(wildcard csrc/*.cpp csrc/*.h csrc/host/*.cpp csrc/kernels/*.h csrc/cpu/*.cpp csrc/cpu/*.h csrc/cuda/*.cu csrc/cuda/*.cuh)
 EXT      := build/.ext-$(HASH)
 EXT_CPU  := build/.ext-cpu-$(HASH)
 HAS_GPU  := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo yes)

@@ -75,7 +75,7 @@ def extensions():
     from torch.utils import cpp_extension
 
     cuda_home = cuda_home if torch.version.cuda else None
-    sources = ["csrc/registration.cpp"] + sorted(glob.glob("csrc/cpu/*.cpp"))
+    sources = ["csrc/registration.cpp"] + sorted(glob.glob("csrc/host/*.cpp")) + sorted(glob.glob("csrc/cpu/*.cpp"))
     # -fopenmp: at::parallel_for is a header template that, in torch's OpenMP
     # build, splits work with `#pragma omp parallel` compiled into OUR objects;
     # without the flag every chunk of a CPU op ran on the calling thread. The

@@ -22,7 +22,7 @@ ratio is the median of per-round ratios), for d9d_kernels and torchmetrics;
 followed by making a result like forward's from Python, the cheapest way
 known here: as many fresh float64 tensors in two dicts, on new
 zero-filled outputs of the result's size (one ``torch.zeros`` and one
-``_C.scalar_views`` per dict; no value computed, the [C, C] matrix's bytes
+``unbind`` per dict; no value computed, the [C, C] matrix's bytes
 written once but not as a matrix view): how much of forward's cost is the
 result itself. ``group_update_views`` is the update followed by the same
 tensor objects and dicts as views of buffers made once (no allocation, no
@@ -49,7 +49,7 @@ resident high-water mark, reset before the call; CUDA: the allocator's peak).
 Host-cost section (``hostcost_rows``, ``bench_update_hostcost.csv``): what one
 training step's metric update costs the host at C = 10, B = 256 (launch-bound
 sizes), the loss weight as a Python number and as a 0-d tensor, for d9d
-(compiled plans; and its Python plan path), torchmetrics, hand-written torch,
+(recorded plans), torchmetrics, hand-written torch,
 d9d's parts alone and the raw custom-op calls d9d makes (the floor). Two
 modes: hot (each contender in its own loop; the loops take turns) and interleaved (contenders
 round-robin in a random order per round, as inside a training loop; a second
@@ -142,23 +142,20 @@ def forward_calls(prov: str, grp, inputs):
     the last three are None for torchmetrics."""
     logits, target, loss, n = inputs
     if prov == "d9d":
-        from d9d_kernels import _C
+        from d9d_kernels.core.forward import run as run_forward
 
         g, lm = grp.g, grp.loss
         st = g._storage
         result = g(preds=logits, target=target)
         keys, n_out = list(result), sum(v.numel() for v in result.values())  # the group forward's result
-        views, f64 = _C.scalar_views, torch.float64
+        views, f64 = (lambda t: t.unbind(0)), torch.float64
 
         def fwd():
             lm(values=loss, weights=n)
             return g(preds=logits, target=target)
 
         def state_only():  # forward's state work: scratch reset, update on it, fold
-            st.forward_begin()
-            lm.update(values=loss, weights=n)
-            g.update(preds=logits, target=target)
-            st.forward_end()
+            run_forward(st, lambda: (lm.update(values=loss, weights=n), g.update(preds=logits, target=target)))
 
         def update_result():  # the update, then as many fresh tensors as forward returns
             grp.update(*inputs)
@@ -467,22 +464,14 @@ def hostcost_contenders(C: int, B: int, dev) -> dict:
     provider, with the loss weight (the batch's token count) as a Python
     number and as a 0-d tensor; d9d's parts alone; the raw custom-op calls
     the d9d step makes (the floor)."""
-    import os
-
     import d9d_kernels as dk
 
     logits, target, loss, n = pv.update_inputs(B, C, device=dev)
     n_t = torch.tensor(float(n), device=dev)  # 0-d, loss's dtype: e.g. (labels != ignore).sum().float()
     out = {}
     for weights, w in (("number", n), ("tensor", n_t)):
-        for prov in ("d9d", "d9d_python_plan", "torchmetrics", "torchmetrics_fast", "plain_torch"):
-            g = pv.make_update_group("d9d" if prov == "d9d_python_plan" else prov, C, device=dev)
-            if prov == "d9d_python_plan":  # the switch is read when a signature is planned: the first call
-                os.environ["D9D_KERNELS_COMPILED"] = "0"
-                try:
-                    g.update(logits, target, loss, w)
-                finally:
-                    del os.environ["D9D_KERNELS_COMPILED"]
+        for prov in ("d9d", "torchmetrics", "torchmetrics_fast", "plain_torch"):
+            g = pv.make_update_group(prov, C, device=dev)
             out[(prov, weights)] = (lambda g=g, w=w: g.update(logits, target, loss, w))
     g = pv.make_update_group("d9d", C, device=dev).g
     out[("d9d_loss_member", "tensor")] = lambda: g["loss"].update(values=loss, weights=n_t)

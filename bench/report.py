@@ -293,8 +293,7 @@ def update_section(rows, targets: list, gpu: str | None = None) -> list[str]:
 
 
 HOST_LABEL = {
-    "d9d": "d9d_kernels: loss + group update (compiled plans)",
-    "d9d_python_plan": "d9d_kernels on the Python plan path (D9D_KERNELS_COMPILED=0)",
+    "d9d": "d9d_kernels: loss + group update (recorded plans)",
     "d9d_loss_member": "d9d_kernels: `g[\"loss\"].update` alone",
     "d9d_group_update": "d9d_kernels: `g.update(preds, target)` alone",
     "d9d_weighted_mean": "d9d_kernels: standalone `WeightedMeanMetric.update`",
@@ -743,6 +742,27 @@ def kernels_cuda_section(rows, targets: list, gpu: str) -> list[str]:
     return lines
 
 
+def catalogue_section(rows, targets: list) -> list[str]:
+    """bench_catalogue.csv: each catalogue class's standalone update against the op calls it makes."""
+    ok = [r for r in rows if r["ok"] == "True"]
+    worst = max(rows, key=lambda r: float(r["ratio"]))
+    targets.append(("catalogue", "every class's update / the ops it dispatches (C=10, B=256, hot, CPU)",
+                    f"<= {rows[0]['target']}x", f"{len(ok)}/{len(rows)} within; worst {worst['metric']} "
+                    f"{float(worst['ratio']):.2f}x", len(ok) == len(rows)))
+    lines = ["## Catalogue updates against their op calls (`bench/bench_catalogue.py`)", "",
+             "Per exported class: `m.update(*inputs)` (standalone, hot, C = 10, B = 256, one thread) against "
+             "the ops one update dispatches, replayed directly (`all ops`: the kernels and any torch op the "
+             "metric's own formula issues; `kernels`: the `d9d_kernels` calls alone). Ratio = update / all ops.",
+             "", "| metric | update | all ops | kernels | kernel ops | ratio | status |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        k = _fmt_t(float(r["ops_us"]) * 1e-6) if r["ops_us"] else "–"
+        lines.append(f"| {r['metric']} | {_fmt_t(float(r['update_us']) * 1e-6)} | "
+                     f"{_fmt_t(float(r['all_ops_us']) * 1e-6)} | {k} | {r['kernels'] or '–'} | "
+                     f"{float(r['ratio']):.2f}x | {_ok(r['ok'] == 'True')} |")
+    lines.append("")
+    return lines
+
+
 def class_stats_variants_section(rows, targets: list, gpu: str) -> list[str]:
     """class_stats_variants_cuda.csv: the CUDA scores pass by feature (top-k, NLL)."""
     lines = ["## GPU class_stats from logits, by feature (`bench/cuda_probe.py --class-stats-variants`)", "",
@@ -927,7 +947,7 @@ def build(results: Path, doc: Path, plots: bool = True) -> tuple[str, str]:
     for path in ordered:
         if path.stem == "bench_d9d_checks":
             continue  # plain rows (counts, values), read by the bench_d9d section
-        if path.stem == "class_stats_variants_cuda":  # plain rows (bench/cuda_probe.py), no quantiles
+        if path.stem in ("class_stats_variants_cuda", "bench_catalogue"):  # plain rows, no quantiles
             with open(path, newline="") as f:
                 rows = list(csv.DictReader(f))
         else:
@@ -958,6 +978,8 @@ def build(results: Path, doc: Path, plots: bool = True) -> tuple[str, str]:
             sections += kernels_cuda_section(rows, targets, gpu)
         elif name == "class_stats_variants_cuda":
             sections += class_stats_variants_section(rows, targets, gpu)
+        elif name == "bench_catalogue":
+            sections += catalogue_section(rows, targets)
         else:
             sections += sec(rows, targets) if sec else generic_section(name, rows)
         png = path.with_suffix(".png")

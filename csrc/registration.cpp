@@ -1,28 +1,8 @@
 // Every op schema of d9d_kernels in one place. Backends only m.impl() these:
 // csrc/cpu/<op>.cpp (CPU), csrc/cuda/<op>.cu (CUDA). The Python reference in
-// d9d_kernels/reference.py is the specification of each op.
-#include <Python.h>
+// d9d_kernels/reference.py is the specification of each op. The module's
+// Python functions (csrc/host/) are the host glue, apart from the kernels.
 #include <torch/library.h>
-
-namespace d9d {
-void add_plan_runner(PyObject* module);   // csrc/cpu/plan_runner.cpp
-void add_group_compute(PyObject* module);  // csrc/cpu/group_compute.cpp
-void add_forward_scratch(PyObject* module);  // csrc/cpu/forward_scratch.cpp
-}
-
-extern "C" {
-// Importing d9d_kernels._C runs the static TORCH_LIBRARY initialisers below.
-PyMODINIT_FUNC PyInit__C(void) {
-  static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr};
-  PyObject* m = PyModule_Create(&module_def);
-  if (m != nullptr) {
-    d9d::add_plan_runner(m);
-    d9d::add_group_compute(m);
-    d9d::add_forward_scratch(m);
-  }
-  return m;
-}
-}
 
 TORCH_LIBRARY(d9d_kernels, m) {
   m.def(
@@ -39,11 +19,6 @@ TORCH_LIBRARY(d9d_kernels, m) {
       "score_histogram(Tensor preds, Tensor target, Tensor? mask, int? ignore_index, int input_kind, "
       "bool multiclass, Tensor(a!) hist, Tensor(b!) bad) -> ()");
   m.def("running_extrema(Tensor x, Tensor? mask, bool skip_bad, Tensor(a!) state, Tensor(b!) bad) -> ()");
-  // The values of a group's metrics from its packed buffers, one program row per
-  // metric (the fused compute, d9d_kernels/metrics/formulas/fused.py).
-  m.def(
-      "group_values(Tensor sum, Tensor max, Tensor replica, Tensor program, Tensor beta, "
-      "Tensor(a!) out) -> ()");
   // Internal (CPU only, not in d9d_kernels._extension.OPS): the per-row partials
   // of a vocab-parallel shard, and their combination over the tp ranks added
   // to the class_stats state, csrc/cpu/vocab_partials.cpp.

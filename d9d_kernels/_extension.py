@@ -25,15 +25,6 @@ except ImportError as e:  # pragma: no cover - exercised by the no-extension tes
     )
 
 
-def host_function(name: str):
-    """``d9d_kernels._C.<name>`` (a host function or class bound beside the
-    ops), or None when the extension is missing or lacks it: its callers then
-    take the dispatched-op path."""
-    if CPP_ERROR is not None:
-        return None
-    return getattr(_C, name, None)
-
-
 def _has_kernel(op: str, key: str) -> bool:
     name = f"d9d_kernels::{op}"
     try:

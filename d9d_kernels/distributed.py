@@ -890,3 +890,55 @@ def _flattened_group(mesh, dims: tuple[str, ...]):
         g = dist.new_group(ranks=list(row), use_local_synchronization=True)
         _mesh_groups[key] = g
     return g
+
+
+def explain_members(variants: list) -> str:
+    """Per member, in words: "MetricGroup['acc']: num_classes 5 on ranks [0]
+    vs 6 on ranks [1]" (configuration first; the state only when the
+    configuration does not differ)."""
+    parsed = []
+    for ranks, text in variants:
+        try:
+            parsed.append((ranks, dict(json.loads(text)), [label for label, _ in json.loads(text)]))
+        except ValueError:  # truncated detail: show the raw text
+            return " vs ".join(f"ranks {fmt_ranks(r)}: {t[:300]!r}" for r, t in variants)
+    lines = []
+    labels = list(dict.fromkeys(label for _, _, order in parsed for label in order))
+    for label in labels:
+        having = [(ranks, members[label]) for ranks, members, _ in parsed if label in members]
+        missing = [ranks for ranks, members, _ in parsed if label not in members]
+        if missing:
+            cls = having[0][1].get("class", "?")
+            lines.append(
+                f"{label} ({cls}) on ranks {fmt_ranks(_cat(r for r, _ in having))}, "
+                f"missing on ranks {fmt_ranks(_cat(missing))}"
+            )
+            continue
+        diffs = _field_diffs(having, lambda k: not k.startswith("state "))
+        diffs = diffs or _field_diffs(having, lambda k: k.startswith("state "))
+        lines.extend(f"{label}: {d}" for d in diffs)
+    orders = [order for _, _, order in parsed]
+    if not lines and len({tuple(o) for o in orders}) > 1:
+        lines.append("member order " + " vs ".join(f"{o} on ranks {fmt_ranks(r)}" for o, (r, _, _) in zip(orders, parsed)))
+    if not lines:
+        lines.append("members agree but their merged statistics differ: " + " vs ".join(
+            f"ranks {fmt_ranks(r)}: {t[:200]!r}" for r, t in variants))
+    more = f"; ... ({len(lines) - 12} more)" if len(lines) > 12 else ""
+    return "; ".join(lines[:12]) + more
+
+
+def _cat(lists) -> list[int]:
+    return sorted(r for rs in lists for r in rs)
+
+
+def _field_diffs(having: list, pick) -> list[str]:
+    """"field a on ranks [..] vs b on ranks [..]" for every field that differs."""
+    keys = list(dict.fromkeys(k for _, f in having for k in f if pick(k)))
+    out = []
+    for k in keys:
+        by_value: dict[str, list[int]] = {}
+        for ranks, f in having:
+            by_value.setdefault(f.get(k, "(unset)"), []).extend(ranks)
+        if len(by_value) > 1:
+            out.append(f"{k} " + " vs ".join(f"{v} on ranks {fmt_ranks(sorted(r))}" for v, r in by_value.items()))
+    return out

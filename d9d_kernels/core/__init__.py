@@ -1,8 +1,4 @@
-"""The metric core: statistics, packed storage, the sync protocol, Metric and MetricGroup.
-
-Imports flow one way: ``d9d_kernels.metrics`` (the catalogue) builds on this
-package; nothing here imports the catalogue.
-"""
+"""The metric core (statistics, storage, plans, forward, sync, Metric, MetricGroup); it never imports the catalogue."""
 
 from d9d_kernels.core.group import MetricGroup
 from d9d_kernels.core.metric import HostValues, Metric

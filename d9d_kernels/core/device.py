@@ -1,5 +1,4 @@
-"""Device helpers of the metric core: naming a device the way its tensors do,
-and putting small constant tables on it without a host sync."""
+"""Naming a device the way its tensors do."""
 
 from __future__ import annotations
 
@@ -14,15 +13,3 @@ def resolve_device(device) -> torch.device:
     if device.type == "cuda" and device.index is None and torch.cuda.is_available():
         return torch.device("cuda", torch.cuda.current_device())
     return device
-
-
-def constant(values, dtype: torch.dtype, device) -> torch.Tensor:
-    """``torch.tensor(values, dtype=dtype, device=device)`` without blocking the
-    host: a copy from pageable memory to a GPU waits for the stream, so on CUDA
-    the values go through pinned memory and a non-blocking copy (the pinned
-    block is kept until the copy has run by torch's host allocator)."""
-    t = torch.tensor(values, dtype=dtype)
-    device = torch.device(device)
-    if device.type != "cuda":
-        return t.to(device)
-    return t.pin_memory().to(device, non_blocking=True)

@@ -2,11 +2,8 @@
 
 ``MetricGroup({name: metric}, device=None)`` gathers every member's
 statistics, merges those with equal ``merge_key`` (one state slice and one
-kernel call per ``g.update``), allocates ONE float64 buffer per kind (SUM, MAX,
-REPLICA) and re-points every member at it: ``g["acc"].update(...)`` writes
-into the group's buffers. Members' previous state is discarded (build groups
-from fresh metrics). A sync is one async all_reduce: max/min states ride in
-the sum (one row per rank) unless large (then a second, "max", collective).
+kernel call per ``g.update``), allocates ONE float64 buffer per kind and
+re-points every member at it (their previous state is discarded): one sync.
 
 Example:
     >>> import torch, d9d_kernels as dk
@@ -26,11 +23,9 @@ from typing import Iterator
 
 import torch
 
-from d9d_kernels.core.compiled import fast_forward as _fast_forward
+from d9d_kernels.core.forward import run as run_forward
 from d9d_kernels.core.device import resolve_device
 from d9d_kernels.core.metric import (
-    FUSED,
-    ForwardKeys,
     HostValues,
     Metric,
     _GroupBase,
@@ -42,7 +37,6 @@ from d9d_kernels.core.metric import (
 from d9d_kernels.core.storage import Layout, Storage
 
 __all__ = ["MetricGroup"]
-_compiling = torch.compiler.is_compiling
 
 
 class MetricGroup(_GroupBase):
@@ -87,7 +81,6 @@ class MetricGroup(_GroupBase):
         d["_device"] = resolve_device(device)
         d["_label"] = "MetricGroup"
         d["_sig_cache"] = {}
-        d["_forward_cache"] = {}  # input names -> forward's routing (see forward)
         d["_sigs"] = {name: update_signature(m) for name, m in metrics.items()}
         d["prefix"] = prefix
         d["postfix"] = postfix
@@ -210,63 +203,34 @@ class MetricGroup(_GroupBase):
         local to this rank (no sync). See ``Metric.forward``."""
         if args:
             inputs = self._name_positional(args, inputs)
-        if not _compiling():
-            vals = _fast_forward(self, (), inputs)  # as the last forward of these inputs: one C++ call
-            if vals is not None:
-                return vals
         st = self._storage
         key = frozenset(inputs)
-        hit = self._forward_cache.get(key)
-        if hit is None:  # (scratch-valued members, any on the state, [(key, name, on state)], ForwardKeys)
-            targets = self._targets(key)
-            names = [m.__dict__["_name"] for m in targets if not m._forward_on_state]
-            out_keys = [(self._keys[m.__dict__["_name"]], m.__dict__["_name"], m._forward_on_state) for m in targets]
-            any_on_state = any(m._forward_on_state for m in targets)
-            hit = self._forward_cache[key] = (
-                names, any_on_state, out_keys, None if any_on_state else ForwardKeys((k, n) for k, n, _ in out_keys))
-        names, any_on_state, out_keys, fwd_keys = hit
-        if fwd_keys is not None and "forward" in FUSED:  # the whole step in one C++ call, where it can run
-            vals = FUSED["forward"](self, (), inputs, fwd_keys)
-            if vals is not None:
-                return vals
-        if any_on_state:
-            # every member's checks first; their updates run on the state after the scratch fold
-            targets = self._targets(key)
+        targets = self._targets(key)
+        names = [m._name for m in targets if not m._forward_on_state]
+        out_keys = [(self._keys[m._name], m._name, m._forward_on_state) for m in targets]
+        if any(on for _, _, on in out_keys):
+            # every member's checks first, nothing written; the members whose update
+            # reads its state (_forward_on_state) run on the state after the fold
             collected = self._collect(inputs, targets)
-            scratch = self._items([(m, p) for m, p in collected if not m._forward_on_state])
             on_state = self._items([(m, p) for m, p in collected if m._forward_on_state])
+            scratch = self._items([(m, p) for m, p in collected if not m._forward_on_state])
             run = lambda: st.run(scratch)  # noqa: E731
         else:
             on_state = []
-            run = lambda: self.update(**inputs)  # noqa: E731 (the planned path)
-        st.forward_begin()
-        ok = False
-        try:
-            run()
-            ok = True
-        finally:
-            views = st.forward_end(fold=ok)
+            run = lambda: self.update(**inputs)  # noqa: E731 (the planned update, on the scratch)
+        views = run_forward(st, run)
         if on_state:
             st.run(on_state)
-        if "batch" in FUSED:  # no value aliases the scratch
-            vals = FUSED["batch"](self, names, views)
-        else:
-            vals = {n: detach_from(self._members[n]._compute_unchecked(self._members[n]._states(views)), st)
-                    for n in names}
         members = self._members
+        vals = {n: detach_from(members[n]._compute_unchecked(members[n]._states(views)), st) for n in names}
         return {k: members[n]._batch_value() if on else vals[n] for k, n, on in out_keys}
 
     def compute(self) -> dict[str, torch.Tensor]:
         """``{key: tensor}`` (synced after ``wait_sync``, else local); keys
-        are the member names with prefix/postfix."""
+        are the member names with prefix/postfix. A member's bad-input count
+        raises (CPU) or makes its value NaN (GPU) as its own ``compute()``."""
         self._warn_unsynced()
-        keys = self._keys
-        if "values" not in FUSED:  # no catalogue formulas registered: member by member
-            return {keys[n]: m.compute() for n, m in self._members.items()}
-        vals = FUSED["values"](self)
-        if not self.prefix and not self.postfix:  # the keys are the names
-            return vals
-        return {keys[n]: v for n, v in vals.items()}
+        return {self._keys[n]: m._checked_compute(m._states()) for n, m in self._members.items()}
 
     def bad_input_counts(self) -> dict[str, dict[str, int]]:
         """``{key: member.bad_input_counts()}`` for members that count bad inputs."""
@@ -294,14 +258,6 @@ class MetricGroup(_GroupBase):
             if bad is not None:
                 checks.append((m, bad, m._bad_causes(states)))
         return items, checks
-
-    def compute_to_host(self) -> HostValues:
-        """All members' values in ONE non-blocking device->host copy;
-        ``.result()`` -> ``{name: float}``."""
-        if "to_host" not in FUSED:
-            return super().compute_to_host()
-        self._warn_unsynced()
-        return FUSED["to_host"](self, self._keys)
 
     def __repr__(self) -> str:
         inner = ",\n".join(f"    {n!r}: {m!r}" for n, m in self._members.items())

@@ -7,24 +7,9 @@ storage (it is a group of one); a ``MetricGroup`` owns one storage for all
 its members and re-points them at it. The sync protocol lives in
 ``d9d_kernels.core.sync``.
 
-Writing a metric on top of statistics (how the catalogue is built)::
-
-    class MyMetric(dk.Metric):
-        def __init__(self, nan_strategy="propagate"):
-            super().__init__(nan_strategy=nan_strategy)      # first
-            self.skip_bad = nan_strategy == "ignore"
-
-        def _statistics(self) -> dict[str, Statistic]:       # called once, cached
-            return {"m": MomentsStatistic(paired=True, skip_bad=self.skip_bad)}
-
-        def update(self, preds, target, weights=None, mask=None) -> None:
-            # metadata checks here (raise before any state is touched), then
-            # map the update arguments onto each statistic's update kwargs:
-            self._feed({"m": dict(x=preds, y=target, weights=weights, mask=mask)})
-
-        def _compute(self, states) -> torch.Tensor:
-            m = states["m"]                # {slot name: tensor} of that statistic
-            ...
+A metric declares ``_statistics()`` (``{name: Statistic}``), an ``update``
+that checks metadata and hands each statistic its inputs (``_feed``), and
+``_compute(states)``; CONTRIBUTING.md walks through one.
 
 * ``update`` must have an explicit signature: ``MetricGroup.update(**inputs)``
   feeds a member iff the names given cover the required parameters of its
@@ -50,53 +35,57 @@ from typing import Any, Callable
 import torch
 
 from d9d_kernels.core import sync
-from d9d_kernels.core.compiled import fast_forward as _fast_forward
+from d9d_kernels.core.forward import run as run_forward
 from d9d_kernels.core.device import resolve_device
 from d9d_kernels.core.plan import planned
 from d9d_kernels.core.statistic import MAX, SUM, Slot, Statistic
 from d9d_kernels.core.storage import Layout, Storage, numel
 
-_compiling = torch.compiler.is_compiling
 
 __all__ = ["Metric", "NAN_STRATEGIES", "HostValues", "host_checks", "poisoned"]
 
 NAN_STRATEGIES = ("propagate", "ignore", "error")
 _CUSTOM = "_custom"
 
-#: The catalogue's fused formulas (d9d_kernels/metrics/formulas/fused.py
-#: registers them at import; the core never imports the catalogue):
-#: ``values(group)`` and ``to_host(group, keys)`` (a group's compute),
-#: ``batch(group, names, scratch views)`` (forward's batch values) and
-#: ``member(metric, buffers)`` (one metric's value, None where it has no
-#: fused formula) and ``forward(owner, args, kwargs, keys)`` (a forward in
-#: one call: ``{key: value}`` of ``keys``, a ForwardKeys, or None where the
-#: Python steps run). Without them every metric computes on its own.
-FUSED: dict[str, Callable] = {}
-
-
-class ForwardKeys:
-    """The values one forward returns: ``pairs`` of (output key, member
-    name). Hashed by identity, so the fused forward caches, per plan, what it
-    selects for a given ForwardKeys in one dict lookup."""
-
-    __slots__ = ("pairs", "names")
-
-    def __init__(self, pairs):
-        self.pairs = tuple(pairs)
-        self.names = frozenset(n for _, n in self.pairs)
-
-
-_SELF = ForwardKeys([("", "")])  # a single metric: itself, named "" in its fused plan
-
-
-def register_fused_compute(**hooks: Callable) -> None:
-    """Installs the fused compute hooks (called once by the catalogue at import)."""
-    FUSED.update(hooks)
-
-
 # ----------------------------------------------------------------------------
 # Custom metrics: raw slots wrapped in a private statistic.
 # ----------------------------------------------------------------------------
+
+
+class SlotAttribute:
+    """``metric.<name>`` of an ``add_state`` slot: its float64 view into the
+    packed buffers; assigning copies into the view. On an instance without
+    that slot, a plain attribute."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    @staticmethod
+    def install(cls: type, name: str) -> bool:
+        """Puts the attribute on ``cls`` (once); False when ``name`` is taken by something else."""
+        attr = getattr(cls, name, None)
+        if attr is None:
+            setattr(cls, name, SlotAttribute(name))
+        return attr is None or isinstance(attr, SlotAttribute)
+
+    def __get__(self, obj, cls=None):
+        if obj is None:
+            return self
+        d = obj.__dict__
+        if self.name in d.get("_custom_slots", ()) and d.get("_storage") is not None:
+            return d["_storage"].local_views[d["_stat_map"][_CUSTOM]][self.name]
+        if self.name in d:
+            return d[self.name]
+        raise AttributeError(f"{type(obj).__name__!r} object has no attribute {self.name!r} (yet: slots are "
+                             "reachable once __init__ has returned)")
+
+    def __set__(self, obj, value) -> None:
+        if self.name not in obj.__dict__.get("_custom_slots", ()):
+            obj.__dict__[self.name] = value
+            return
+        view = self.__get__(obj)
+        if value is not view:
+            view.copy_(value)
 
 
 class _CustomStatistic(Statistic):
@@ -308,6 +297,8 @@ class Metric(metaclass=_MetricMeta):
             raise ValueError(f"{self._label}: add_state kind must be 'sum' or 'max', got {kind!r}")
         if init is None:
             init = 0.0 if kind == SUM else float("-inf")
+        if not SlotAttribute.install(type(self), name):
+            raise ValueError(f"{self._label}: add_state name {name!r} is already an attribute of {type(self).__name__}")
         self.__dict__["_custom_slots"][name] = Slot(name, kind, tuple(int(s) for s in shape), float(init))
 
     def _statistics(self) -> dict[str, Statistic]:
@@ -360,19 +351,8 @@ class Metric(metaclass=_MetricMeta):
         st = self._storage
         if views is None:
             views = st.current_views()
-        scratch = views is st.scratch_views
-        if scratch:  # forward's scratch views live as long as the storage: their states are made once
-            hit = st.scratch_states.get(id(self))
-            if hit is not None:
-                return dict(hit)
-        out = {}
-        for name, stat in self._stats().items():
-            j = self._stat_map[name]
-            out[name] = st.layout.stats[j].view(views[j], stat)
-        if scratch:
-            st.scratch_states[id(self)] = out
-            return dict(out)
-        return out
+        return {name: st.layout.stats[self._stat_map[name]].view(views[self._stat_map[name]], stat)
+                for name, stat in self._stats().items()}
 
     def _bad_count(self, states) -> torch.Tensor | None:
         if not self._raise_on_bad():
@@ -400,7 +380,7 @@ class Metric(metaclass=_MetricMeta):
             if "bad" not in s:
                 continue
             bad = s["bad"].reshape(-1)
-            for cause, t in zip(bad_causes_of(bad.numel(), self._bad_cause), bad.unbind(0)):
+            for cause, t in zip(BAD_CAUSES if bad.numel() == 2 else (self._bad_cause,), bad.unbind(0)):
                 out[cause] = out[cause] + t if cause in out else t
         return out
 
@@ -432,29 +412,13 @@ class Metric(metaclass=_MetricMeta):
             return self._compute(states[_CUSTOM])
         return self._compute(states)
 
-    def __getattr__(self, name):
-        slots = self.__dict__.get("_custom_slots")
-        if slots and name in slots and self.__dict__.get("_storage") is not None:
-            j = self.__dict__["_stat_map"][_CUSTOM]
-            return self.__dict__["_storage"].local_views[j][name]
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-
-    def __setattr__(self, name, value):
-        slots = self.__dict__.get("_custom_slots")
-        if slots and name in slots:
-            view = self.__getattr__(name)
-            if value is not view:
-                view.copy_(value)
-            return
-        object.__setattr__(self, name, value)
-
     #: per-process caches left out of a pickle / deepcopy (rebuilt lazily):
     #: attribute -> its empty value, or None where absence means empty
-    _TRANSIENT = {"_fused_plan": None, "_positional": None, "_forward_cache": dict, "_sig_cache": dict}
+    _TRANSIENT = {"_positional": None, "_sig_cache": dict}
 
     def __getstate__(self) -> dict:
         """Pickle / ``copy.deepcopy``: configuration and state (the storage
-        pickles its buffers, ``Storage.__getstate__``); fused plans and routing
+        pickles its buffers, ``Storage.__getstate__``); routing
         caches are left out and rebuilt at first use. A group member is
         pickled with its group (``_group``), so it keeps the group's storage."""
         state = self.__dict__.copy()
@@ -469,6 +433,8 @@ class Metric(metaclass=_MetricMeta):
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
+        for name in state.get("_custom_slots", ()):  # a new process: the class has not met add_state yet
+            SlotAttribute.install(type(self), name)
 
     # -- lifecycle ----------------------------------------------------------------
     def update(self, *args, **kwargs) -> None:
@@ -511,18 +477,8 @@ class Metric(metaclass=_MetricMeta):
                 causes = self._bad_causes(states)
                 vals = torch.stack(list(causes.values())).tolist() if causes else []
                 self._raise_if_bad(count, dict(zip(causes, vals)))
-        value = self._value_from(states, self._storage.current_buffers())
+        value = self._compute_unchecked(states)
         return value if bad is None or host_checks(self._storage.device) else poisoned(value, bad)
-
-    def _fused_value(self, buffers):
-        """This metric's value from ``buffers`` by the catalogue's fused formula
-        (the same bits as in a group's compute), or None where it has none."""
-        return FUSED["member"](self, buffers) if "member" in FUSED else None
-
-    def _value_from(self, states, buffers):
-        """The value of ``states`` (views into ``buffers``): the fused formula, else ``_compute``."""
-        v = self._fused_value(buffers)
-        return self._compute_unchecked(states) if v is None else v
 
     def _warn_unsynced(self) -> None:
         d = self.__dict__
@@ -564,27 +520,12 @@ class Metric(metaclass=_MetricMeta):
             >>> m(torch.tensor([1.0, 2.0])).item(), m(torch.tensor([4.0])).item(), m.compute().item()
             (3.0, 4.0, 7.0)
         """
-        if not _compiling():
-            vals = _fast_forward(self, args, kwargs)  # as the last forward of these inputs: one C++ call
-            if vals is not None:
-                return vals[""]
         if self._forward_on_state:
             self.update(*args, **kwargs)
             return self._batch_value()
-        if "forward" in FUSED:  # the whole step in one C++ call, where it can run
-            vals = FUSED["forward"](self, args, kwargs, _SELF)
-            if vals is not None:
-                return vals[""]
         st = self._storage
-        st.forward_begin()
-        ok = False
-        try:
-            self.update(*args, **kwargs)
-            ok = True
-        finally:
-            views = st.forward_end(fold=ok)
-        v = self._fused_value(st.scratch)  # a new tensor; computed before the state views, which it does not need
-        return detach_from(self._compute_unchecked(self._states(views)), st) if v is None else v
+        views = run_forward(st, lambda: self.update(*args, **kwargs))
+        return detach_from(self._compute_unchecked(self._states(views)), st)
 
     __call__ = forward
 
@@ -677,7 +618,7 @@ class Metric(metaclass=_MetricMeta):
                 a group's dict results give one line per member.
             ax: an existing ``matplotlib.axes.Axes`` to draw into.
         """
-        from d9d_kernels.core.plot import plot_values
+        from d9d_kernels.plot import plot_values
 
         if values is None:
             values = self.compute()
@@ -726,7 +667,7 @@ class Metric(metaclass=_MetricMeta):
         states = self._states()
         bad = self._bad_count(states)
         checks = [] if bad is None else [(self, bad, self._bad_causes(states))]
-        return [(None, self._value_from(states, self._storage.current_buffers()))], checks
+        return [(None, self._compute_unchecked(states))], checks
 
     # -- checkpoint -----------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -846,23 +787,12 @@ def _same(a, b) -> bool:
 BAD_CAUSES = ("target_out_of_range", "nonfinite_preds")
 
 
-def raising_weights(n: int, nan_strategy: str) -> tuple[float, ...]:
-    """Each count's weight, in a ``bad`` slot of ``n`` counts, in the count
-    that makes compute() raise: all of them under ``"error"``; of a two-count
-    slot otherwise only the bad targets (nan_strategy applies to NaN/Inf
-    predictions, never to labels)."""
-    return (1.0, 0.0) if n == 2 and nan_strategy != "error" else (1.0,) * n
-
-
-def bad_causes_of(n: int, one_cause: str) -> tuple[str, ...]:
-    """The causes a ``bad`` slot of ``n`` counts holds, in its order."""
-    return BAD_CAUSES if n == 2 else (one_cause,)
-
-
 def raising_count(bad: torch.Tensor, nan_strategy: str) -> torch.Tensor:
-    """The count of a ``bad`` slot that makes compute() raise (``raising_weights``)."""
+    """The count of a ``bad`` slot that makes compute() raise: every count
+    under ``"error"``; of a two-count slot (``BAD_CAUSES``) otherwise only the
+    bad targets (nan_strategy applies to NaN/Inf predictions, never to labels)."""
     bad = bad.reshape(-1)
-    return bad.sum() if all(raising_weights(bad.numel(), nan_strategy)) else bad[0]
+    return bad[0] if bad.numel() == 2 and nan_strategy != "error" else bad.sum()
 
 
 #: fixes named by compute()'s bad-input error, per cause
@@ -891,7 +821,7 @@ def detach_from(value, st: Storage):
     scratch buffers cloned: the next forward overwrites the scratch."""
     if st.scratch is None:
         return value
-    bufs = st.scratch_bufs
+    bufs = tuple(st.scratch.bufs.values())
     if isinstance(value, dict):
         return {k: _detached(v, bufs) for k, v in value.items()}
     return _detached(value, bufs)

@@ -1,45 +1,38 @@
-"""Update plans: validate an input signature once, then call the kernels directly.
+"""Update plans: an update recorded once per input signature, then replayed.
 
-A metric's ``update`` checks input metadata in Python (shapes, dtypes,
-devices; never values: no host syncs), then hands each statistic its kwargs.
-At a small batch that Python is most of the cost: in a ``MetricGroup`` of
-loss, accuracy, top-5, F1, precision, recall and confusion matrix the member
-checks and op wrappers take several times the kernels' time (C = 10,
-N = 32, bench/bench_update.py).
-
-So every ``update`` (catalogue metrics and ``MetricGroup``) is wrapped by
-``planned``: the first call with a new *input signature* (each input's
-shape, dtype and device, or Python type) runs the full checked path and records which statistic got which
-input. If every statistic kwarg was an update input passed through as is (or
-None), the recording becomes a plan: later calls with the same signature skip
-all checks and run ``Statistic.bind`` callables (a raw ``torch.ops`` call for
-the hot statistics). Inputs that the metric transformed (a flattened tensor,
-a list of strings) leave the signature unplanned: it keeps the checked path.
-
-Plans live in the storage (``Storage.plans``) and die with it: moving a
-metric (``to``) or grouping it starts afresh. The contract this relies on,
-kept by every metric here: ``update``'s checks depend only on input
-metadata and the metric's configuration, never on input values. The
-backend (``D9D_KERNELS_BACKEND``) is read when a signature is planned, not
-at every call (reading ``os.environ`` costs a tenth of a planned step).
+Every ``update`` of the library (catalogue metrics and ``MetricGroup``) is
+wrapped by ``planned``. The first call with a new input signature (each
+input's shape, dtype and device, or Python type) runs the checked path
+under a ``TorchDispatchMode`` that records the ops it dispatches. If all it
+did was ``d9d_kernels`` op calls on the state's views, the update's inputs
+(or reshapes of them) and fills of its Python-number inputs, the recording
+becomes a ``Plan``, which later calls of the signature replay in one call
+into C++ (csrc/host/replay.cpp), skipping every check; anything else keeps
+the checked path. Contract: ``update``'s checks depend only on input
+metadata and configuration, never on values. docs/metrics_core.md, "Update
+plans", has the rest (lifetime, forward, torch.compile, CUDA graphs).
 """
 
 from __future__ import annotations
 
 import functools
-import numbers
+import math
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
-from d9d_kernels.core import compiled
+from d9d_kernels import _extension
 
-__all__ = ["planned", "input_key"]
-_compiling = torch.compiler.is_compiling
-_fast_update = compiled.fast_update
+__all__ = ["planned", "input_key", "Plan"]
+
+# csrc/host/replay.cpp; without the extension every update runs checked
+_replay_new = getattr(_extension._C, "replay_new", None) if _extension.CPP_ERROR is None else None
+_replay_run = getattr(_extension._C, "replay_run", None) if _extension.CPP_ERROR is None else None
 
 #: signatures planned per storage; beyond this, new signatures run checked.
 MAX_PLANS = 64
 _UNPLANNED = object()
+_CONST, _INPUT, _RESHAPE, _STATE, _FILL = range(5)
 
 
 def input_key(owner: int, args: tuple, kwargs: dict) -> tuple | None:
@@ -49,7 +42,7 @@ def input_key(owner: int, args: tuple, kwargs: dict) -> tuple | None:
     for v in (*args, *kwargs.values()):
         if isinstance(v, torch.Tensor):
             key.append((v.shape, v.dtype, v.device))
-        elif v is None or (isinstance(v, numbers.Real)):
+        elif v is None or isinstance(v, (int, float)):  # not numbers.Real: an ABC check costs a tenth of a replay
             key.append(type(v))
         else:
             return None
@@ -57,47 +50,113 @@ def input_key(owner: int, args: tuple, kwargs: dict) -> tuple | None:
     return tuple(key)
 
 
+class _Recorder(TorchDispatchMode):
+    """Every op dispatched inside it: ``(op, args, kwargs, result)``."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self.calls.append((func, args, kwargs or {}, out))
+        return out
+
+
+def _writes(func) -> bool:
+    return any(a.alias_info is not None and a.alias_info.is_write for a in func._schema.arguments)
+
+
+def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """``a`` is ``b`` read in row-major order (a reshape of it, or it)."""
+    return (a.data_ptr() == b.data_ptr() and a.numel() == b.numel() and a.dtype == b.dtype
+            and a.is_contiguous() and b.is_contiguous())
+
+
 class Plan:
-    """Steps ``(stat index, bound call, kwarg sources)`` of one signature."""
+    """The recorded op calls of one signature: per call the op and where
+    each argument comes from (``_CONST`` value, ``_INPUT`` i, ``_RESHAPE``
+    (i, shape), ``_STATE`` (statistic, slot), ``_FILL`` k: input
+    ``fills[k][0]`` filled as ``fills[k][1:]``: shape, dtype, device).
+    ``run`` replays them in one call into C++ (csrc/host/replay.cpp), bound
+    once per set of state views (the local ones, forward's scratch)."""
 
-    __slots__ = ("steps", "stats")
+    __slots__ = ("steps", "stats", "fills", "_bound")
 
-    def __init__(self, steps):
-        self.steps = steps
-        self.stats = tuple(j for j, _, _ in steps)
+    def __init__(self, steps, stats, fills):
+        self.steps, self.stats, self.fills = steps, frozenset(stats), fills
+        self._bound: dict = {}  # id(views) -> (views, the C++ replay bound to them)
 
     @staticmethod
-    def build(storage, recorded, args: tuple, kwargs: dict) -> "Plan | None":
-        sources = {}
-        for i, v in enumerate(args):
-            if v is not None:
-                sources.setdefault(id(v), []).append((False, i))
-        for k, v in kwargs.items():
-            if v is not None:
-                sources.setdefault(id(v), []).append((True, k))
-        steps = []
-        for j, kw in recorded:
-            spec = []
-            for name, v in kw.items():
-                if v is None:
-                    spec.append((name, None, None))
-                    continue
-                src = sources.get(id(v))
-                if src is None or len(src) > 1:  # derived, or ambiguous (one object passed twice)
-                    return None
-                spec.append((name, *src[0]))
-            steps.append((j, storage.layout.stats[j].bind(kw), tuple(spec)))
-        return Plan(tuple(steps)) if steps else None
+    def record(storage, calls: list, args: tuple, kwargs: dict) -> "Plan | None":
+        """The plan of one checked update's ``calls``, or None when it did other work."""
+        inputs = (*args, *kwargs.values())
+        state = {id(t): (j, name) for j, v in enumerate(storage.local_views) for name, t in v.items()}
+        scalars_in = [i for i, v in enumerate(inputs) if isinstance(v, (int, float))]  # bools too
+        numbers_in = [i for i in scalars_in if not isinstance(inputs[i], bool)]
+        fills, made, steps, stats = [], [], [], set()  # made: (tensor, fill index) of every number fill
 
-    def run(self, storage, args: tuple, kwargs: dict) -> None:
+        def source(a):
+            if not isinstance(a, torch.Tensor):
+                if any(type(a) is type(inputs[i]) and a == inputs[i] for i in scalars_in):
+                    return None  # maybe an input's value: the replay could not tell
+                return _CONST, a
+            if id(a) in state:
+                return _STATE, state[id(a)]
+            hits = [i for i, v in enumerate(inputs) if isinstance(v, torch.Tensor) and _same_memory(a, v)]
+            hits += [("fill", k) for t, k in made if _same_memory(a, t)]
+            if len(hits) != 1:  # derived from no input, or ambiguous (one tensor passed twice)
+                return None
+            if isinstance(hits[0], tuple):
+                k = hits[0][1]
+                fills[k] = (fills[k][0], a.shape, a.dtype, a.device)
+                return _FILL, k
+            i = hits[0]
+            return (_INPUT, i) if a.shape == inputs[i].shape else (_RESHAPE, (i, a.shape))
+
+        for func, fargs, fkwargs, out in calls:
+            if func.namespace == "d9d_kernels":
+                if fkwargs:
+                    return None
+                spec = [source(a) for a in fargs]
+                if any(s is None for s in spec):
+                    return None
+                stats.update(s[1][0] for s in spec if s[0] == _STATE)
+                steps.append((func, tuple(spec)))
+            elif func is torch.ops.aten.full.default and isinstance(out, torch.Tensor):
+                v = fargs[1]
+                hit = [i for i in numbers_in if float(inputs[i]) == v or (math.isnan(v) and math.isnan(inputs[i]))]
+                if len(hit) == 1:
+                    made.append((out, len(fills)))
+                    fills.append((hit[0], None, None, None))
+            elif _writes(func) or (isinstance(out, (bool, int, float)) and any(isinstance(a, torch.Tensor) for a in fargs)):
+                return None  # a write the replay would not repeat, or a tensor's value read on the host
+        return Plan(steps, stats, fills) if steps and _replay_new is not None else None
+
+    def run(self, storage, inputs: tuple) -> None:
+        views = storage.local_views
+        hit = self._bound.get(id(views))
+        if hit is None or hit[0] is not views:
+            hit = self._bound[id(views)] = (views, _replay_new([self._bind(f, spec, views) for f, spec in self.steps]))
+        _replay_run(hit[1], inputs)
         if storage.touched is not None:  # inside a forward: the statistics whose scratch it folds
             storage.touched.update(self.stats)
-        views = storage.local_views
-        for j, fn, spec in self.steps:
-            kw = {name: (None if by_name is None else kwargs[src] if by_name else args[src])
-                  for name, by_name, src in spec}
-            fn(views[j], kw)
         storage.dirty = True
+
+    def _bind(self, func, spec, views) -> tuple:
+        """``replay_new``'s step: the op, its constants and state views in
+        place, and ``(position, source, shape, input, dtype, device)`` per input."""
+        base, dyn = [], []
+        for p, (c, a) in enumerate(spec):
+            base.append(a if c == _CONST else views[a[0]][a[1]] if c == _STATE else None)
+            if c == _INPUT:
+                dyn.append((p, c, None, a, None, None))
+            elif c == _RESHAPE:
+                dyn.append((p, c, list(a[1]), a[0], None, None))
+            elif c == _FILL:
+                i, shape, dtype, device = self.fills[a]
+                dyn.append((p, c, list(shape), i, dtype, device))
+        return func._schema.name, func._schema.overload_name, base, dyn
 
 
 def _checked(update, self, args, kwargs):
@@ -120,46 +179,26 @@ def planned(update):
 
     Only the outermost planned ``update`` of a metric's class plans: one
     reached through ``super().update(...)`` from an override runs as
-    written, so a plan (and its compiled runner, filed under the metric)
-    always maps the arguments of the call the user made."""
+    written, so a plan always maps the arguments of the call the user made."""
 
     @functools.wraps(update)
     def wrapper(self, *args, **kwargs):
         if type(self)._planned_update is not wrapper:  # set per class by Metric.__init_subclass__
             return update(self, *args, **kwargs)
-        compiling = _compiling()
-        if not compiling and _fast_update(self, args, kwargs):  # the runner on the local views ran
-            return
         d = self.__dict__
         storage = d["_storage"]
         if d["_collector"] is not None or storage is None:  # inside MetricGroup.update: it plans
             return update(self, *args, **kwargs)
-        c = storage.compiled.get(id(self))  # d9d_kernels/core/compiled.py: a Runner
-        if c is not None and not compiling and c.views is storage.saved_views:
-            # inside a forward: the same ops on the scratch copy
-            s = compiled.on_scratch(storage, c)
-            i = -1 if s is None else s.runner.run(args, kwargs)
-            if i >= 0:
-                storage.touched.update(s.stats[i])
-                storage.dirty = True
-                return
-        key = input_key(id(self), args, kwargs)
-        if key is None:
-            return _checked(update, self, args, kwargs)
+        key = None if torch.compiler.is_compiling() else input_key(id(self), args, kwargs)  # traced: the checked path
         plans = storage.plans
-        plan = plans.get(key)
-        if plan is not None:
-            if plan is _UNPLANNED:
-                return _checked(update, self, args, kwargs)
-            return plan.run(storage, args, kwargs)
-        storage.recording = recorded = []
-        try:
+        plan = None if key is None else plans.get(key)
+        if plan is not None and plan is not _UNPLANNED:
+            return plan.run(storage, (*args, *kwargs.values()))
+        if plan is not None or key is None or len(plans) >= MAX_PLANS:
+            return _checked(update, self, args, kwargs)
+        with _Recorder() as rec:
             _checked(update, self, args, kwargs)
-        finally:
-            storage.recording = None
-        if len(plans) < MAX_PLANS:
-            plans[key] = Plan.build(storage, recorded, args, kwargs) or _UNPLANNED
-            compiled.attach(storage, id(self), plans[key], recorded, args, kwargs)
+        plans[key] = Plan.record(storage, rec.calls, args, kwargs) or _UNPLANNED
 
     wrapper._d9d_planned = True
     return wrapper

@@ -1,34 +1,19 @@
 """Statistic: the unit of state and kernel sharing inside a MetricGroup.
 
-A metric does not own tensors directly: it declares the sufficient
-statistics it needs (``Metric._statistics()``), each produced by ONE kernel
-call per update. In a group, statistics with equal ``merge_key()`` are merged
-(``merge``) into one statistic that serves every member: one packed state
-slice, one kernel call per ``g.update(...)``. E.g. Accuracy(top_k=1),
-Accuracy(top_k=5), F1Score(macro) and ConfusionMatrix on the same
-``num_classes``/``ignore_index`` become one ``class_stats`` call with
-``top_ks=(1, 5)`` and a confusion matrix.
+A metric declares the sufficient statistics it needs (``_statistics()``),
+each produced by ONE kernel call per update; in a group, statistics with
+equal ``merge_key()`` merge into one (one state slice, one kernel call), e.g.
+Accuracy(top_k=1), Accuracy(top_k=5) and F1Score on the same classes become
+one ``class_stats`` call with ``top_ks=(1, 5)``. A statistic's configuration
+is the fields of a frozen dataclass (``@statistic``); ``merge_key``,
+``merge``, ``schema`` and ``repr`` derive from them, so a new field cannot be
+forgotten (docs/metrics_core.md, "On statistics").
 
-A statistic's configuration is the fields of a frozen dataclass (declare
-subclasses with ``@statistic``), and everything configuration-dependent is
-derived from those fields, so that a new field cannot be forgotten:
-
-* ``merge_key()``: the class and every field without a ``merge`` rule. Two
-  statistics merge only when all of these are equal.
-* ``merge(other)``: fields with a ``merge`` rule (``param(merge=union)``,
-  ``param(merge=either)``) are combined, e.g. the union of top-k's; the
-  merged statistic provides everything either one did.
-* ``schema()`` and ``repr``: every field. ``schema()`` is compared across
-  ranks at the first sync, so ranks whose statistics differ in any field
-  (a threshold, an ``ignore_index``, the top-k's) fail loudly instead of
-  summing incompatible counts.
-
-Contract for implementations (see the docstrings below):
-* ``slots()`` is a pure function of the statistic's configuration.
-* ``update(state, **inputs)`` only calls ops / in-place tensor ops on the
-  ``state`` views: no host sync, no data-dependent shapes.
-* ``view(state, need)`` returns the tensors that the statistic ``need`` (one
-  of the statistics merged into ``self``) would have had on its own.
+Contract: ``slots()`` is a pure function of the configuration;
+``update(state, **inputs)`` only calls ops / in-place tensor ops on the
+``state`` views (no host sync, no data-dependent shapes); ``view(state,
+need)`` returns what the statistic ``need`` merged into ``self`` would have
+had on its own.
 """
 
 from __future__ import annotations
@@ -194,14 +179,6 @@ class Statistic:
     def unpack(self, inputs: dict) -> tuple:
         """The values of ``self.inputs`` in ``inputs``, in order (None where absent)."""
         return tuple(inputs.get(name) for name in self.inputs)
-
-    def bind(self, sample: dict) -> Callable[[dict[str, torch.Tensor], dict], None]:
-        """``fn(state, inputs)`` equivalent to ``update(state, **inputs)`` for
-        every ``inputs`` whose metadata (shapes, dtypes, devices, Python
-        types) equals ``sample``'s, which already passed ``update`` once.
-        Override to skip the op wrapper's checks (d9d_kernels/core/plan.py)."""
-        update = self.update
-        return lambda state, inputs: update(state, **inputs)
 
     def view(self, state: dict[str, torch.Tensor], need: "Statistic") -> dict[str, torch.Tensor]:
         """The part of ``state`` that ``need`` (merged into self) asked for.

@@ -5,50 +5,26 @@ Every metric keeps its state in ONE float64 buffer per reduction kind
 standalone metric owns a private ``Storage`` (it is a group of one); a
 ``MetricGroup`` owns one for all its members and re-points them at it.
 ``Layout`` merges statistics with equal ``merge_key`` and places their slots;
-``Storage`` holds the buffers, the synced snapshot and the bookkeeping that
-``d9d_kernels.core.sync`` (the sync protocol) and ``d9d_kernels.core.plan``
-(update plans) work on.
+``Storage`` holds the buffers (local, reset values, two sync snapshots) and
+the synced snapshot; the sync protocol's bookkeeping is its ``SyncState``
+(``d9d_kernels.core.sync``), forward's scratch copy a ``Scratch``
+(``d9d_kernels.core.forward``), the update plans ``plans``
+(``d9d_kernels.core.plan``).
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
-import weakref
 from typing import Any
 
 import torch
 
-from d9d_kernels import _extension
 from d9d_kernels.core.device import resolve_device
 from d9d_kernels.core.statistic import KINDS, MAX, REPLICA, SUM, Slot, Statistic
+from d9d_kernels.core.sync import SyncState, member_detail
 
 __all__ = ["Layout", "Storage", "StateEntry", "numel", "check_fits", "format_bytes"]
-
-
-# csrc/cpu/forward_scratch.cpp: a forward's scratch reset and fold, one call each
-_SCRATCH_RANGES = _extension.host_function("scratch_ranges")
-_KIND_CODES = {SUM: 0, MAX: 1, REPLICA: 2}
-
-
-class FoldRanges:
-    """Forward's scratch ranges of a set of statistics: ``ranges``, per range
-    ``(kind, state view, scratch view, reset-value view or None)``; with
-    ``native`` (CPU buffers and the extension), the same as the argument lists
-    of one ``_C.scratch_ranges`` call each: ``reset`` (every range but
-    REPLICA's, then all of REPLICA copied from the state) and ``fold``."""
-
-    __slots__ = ("ranges", "native", "reset", "fold")
-
-    def __init__(self, ranges: tuple, replica: tuple | None, native: bool):
-        """``replica``: the whole REPLICA (state, scratch) buffers, or None when empty."""
-        self.ranges = ranges
-        self.native = native
-        coded = [(_KIND_CODES[k], loc, scr, init) for k, loc, scr, init in ranges]
-        self.fold = coded
-        self.reset = [r for r in coded if r[0] != _KIND_CODES[REPLICA]]
-        if replica is not None:
-            self.reset.append((_KIND_CODES[REPLICA], *replica, None))
 
 
 def numel(shape) -> int:
@@ -60,8 +36,6 @@ class Layout:
 
     def __init__(self, owners: list[tuple[str, "Metric"]]):
         self.stats: list[Statistic] = []
-        # (label, weak ref to the metric): what sync.member_detail describes on a schema mismatch
-        self.owners = [(label, weakref.ref(metric)) for label, metric in owners]
         keys: dict[Any, int] = {}
         self.maps: list[dict[str, int]] = []  # per owner: local stat name -> merged index
         for _, metric in owners:
@@ -107,18 +81,7 @@ class Layout:
         lines.append(";".join(f"{k}={self.sizes[k]}" for k in KINDS))
         self.schema = "\n".join(lines)
         self.fingerprint = hashlib.sha256(self.schema.encode()).hexdigest()[:16]
-
-    def __getstate__(self) -> dict:
-        """Pickle / deepcopy: the owners as strong references (weak ones do not
-        pickle; the metrics are pickled with the layout's storage anyway)."""
-        state = self.__dict__.copy()
-        state["owners"] = [(label, ref()) for label, ref in self.owners]
-        return state
-
-    def __setstate__(self, state: dict) -> None:
-        owners = state.pop("owners")
-        self.__dict__.update(state)
-        self.owners = [(label, _dead if m is None else weakref.ref(m)) for label, m in owners]
+        self.detail = member_detail(owners, self)  # what a schema mismatch across ranks describes
 
     def views(self, bufs: dict[str, torch.Tensor], j: int, kinds=KINDS) -> dict[str, torch.Tensor]:
         return {
@@ -142,11 +105,6 @@ class Layout:
             return "no slots"
         _, j, s = best
         return f"{type(self.stats[j]).__name__}.{s.name} {list(s.shape)}"
-
-
-def _dead() -> None:
-    """A weak reference whose metric was gone when its layout was pickled."""
-    return None
 
 
 def format_bytes(n: float) -> str:
@@ -238,18 +196,14 @@ class Storage:
         self._alloc()
         self.synced: dict[str, torch.Tensor] | None = None
         self.synced_views: list[dict[str, torch.Tensor]] | None = None
-        self.pending = None  # d9d_kernels.core.sync.Pending while a sync is in flight
         self.dirty = False
-        self.handshakes: dict[tuple, str] = {}
+        self.sync = SyncState()
 
     def _alloc(self):
         try:
             self.init = {k: self._filled(k) for k in KINDS}
             self.local = {k: v.clone() for k, v in self.init.items()}
-            # Two snapshot buffers, used in turn, with their views built once: a
-            # sync fills one while compute() may still read the other, and a wait
-            # costs no per-statistic Python.
-            self.snaps = [{k: torch.empty_like(v) for k, v in self.local.items()} for _ in range(2)]
+            snaps = [{k: torch.empty_like(v) for k, v in self.local.items()} for _ in range(2)]
         except (MemoryError, torch.OutOfMemoryError, RuntimeError) as e:
             if isinstance(e, RuntimeError) and "alloc" not in str(e).lower() and "memory" not in str(e).lower():
                 raise
@@ -258,29 +212,14 @@ class Storage:
                 f"{self.layout.largest_slot()}) and allocating its buffers on {self.device} failed: {e}"
             ) from None
         self.local_views = [self.layout.views(self.local, j) for j in range(len(self.layout.stats))]
-        self.snap_views = [[self.layout.views(b, j) for j in range(len(self.layout.stats))] for b in self.snaps]
-        self.next_snap = 0
-        self.fold_bufs: dict[tuple[int, int, int], list] = {}  # (snapshot, world, rank) -> sync.folded views
-        self.world_ranks: dict[tuple, tuple[int, int]] = {}  # ctx.cache_key -> (world size, rank)
+        self.snapshots = [(b, [self.layout.views(b, j) for j in range(len(self.layout.stats))]) for b in snaps]
         self.plans: dict = {}  # d9d_kernels.core.plan: input signature -> Plan (buffers changed: start afresh)
-        self.compiled: dict = {}  # d9d_kernels.core.compiled: owner id -> Runner; same lifetime as plans
-        self.recording: list | None = None
-        self.scratch: dict[str, torch.Tensor] | None = None  # forward's batch state, allocated at the first forward
-        self.scratch_views: list[dict[str, torch.Tensor]] | None = None
-        self.scratch_bufs: tuple = ()  # the scratch buffers (core.metric.detach_from)
-        self.scratch_states: dict = {}  # metric id -> its states on the scratch views (Metric._states)
-        self.scratch_dirty: FoldRanges | None = None  # ranges the last forward wrote (re-filled at the next)
-        self.saved_views: list | None = None  # local views while a forward runs on the scratch
-        self.touched: set | None = None  # statistics run during a forward
-        self.fold_cache: dict = {}  # frozenset of statistics -> _fold_ranges
+        self.scratch = None  # d9d_kernels.core.forward.Scratch, made at the first forward
+        self.touched: set | None = None  # inside a forward: the statistics the update ran
 
     def _filled(self, kind: str) -> torch.Tensor:
-        n = self.layout.sizes[kind]
-        runs = self.layout.init_runs[kind]
-        if len(runs) == 1 and runs[0][1] == n:
-            return torch.full((n,), runs[0][2], dtype=torch.float64, device=self.device)
-        buf = torch.zeros(n, dtype=torch.float64, device=self.device)
-        for o, m, v in runs:
+        buf = torch.zeros(self.layout.sizes[kind], dtype=torch.float64, device=self.device)
+        for o, m, v in self.layout.init_runs[kind]:
             if v != 0.0:
                 buf[o : o + m] = v
         return buf
@@ -307,118 +246,7 @@ class Storage:
             if touched is not None:
                 touched.add(j)
             self.layout.stats[j].update(self.local_views[j], **kwargs)
-            if self.recording is not None:
-                self.recording.append((j, kwargs))
         self.dirty = True
-
-    # -- forward: the batch's state in a scratch copy, then folded in -------------
-    def forward_begin(self) -> None:
-        """Points the update at the scratch copy of the buffers (reset;
-        REPLICA slots: the local values, so batch moments share the state's
-        pivots) and starts recording which statistics the update runs.
-
-        The scratch is allocated at the first forward of this storage and
-        kept reset between forwards by re-filling only the ranges the last
-        forward wrote: a forward allocates nothing, and a small member's
-        forward never touches a large confusion matrix elsewhere in the group."""
-        if self.saved_views is not None:
-            raise RuntimeError(f"{self.label}: forward() called while another forward of the same storage runs")
-        sc = self.scratch
-        if sc is None:
-            try:
-                # normal tensors even inside torch.inference_mode(): a later
-                # forward outside it writes them in place
-                with torch.inference_mode(False):
-                    sc = {k: v.clone() for k, v in self.init.items()}
-            except (MemoryError, torch.OutOfMemoryError, RuntimeError) as e:
-                raise ValueError(
-                    f"{self.label}: forward() needs one more copy of the state ({format_bytes(self.layout.state_bytes())}"
-                    f" of float64) for the batch, and allocating it on {self.device} failed: {e}; use update() and "
-                    "compute() instead"
-                ) from None
-            self.scratch = sc
-            self.scratch_bufs = tuple(sc.values())
-            with torch.inference_mode(False):
-                self.scratch_views = [self.layout.views(sc, j) for j in range(len(self.layout.stats))]
-            dirty = self._fold_ranges(frozenset())  # a fresh copy of the reset values: the REPLICA copy only
-        else:
-            dirty = self.scratch_dirty
-        if dirty.native and not torch.compiler.is_compiling():  # traced: the torch ops below
-            _SCRATCH_RANGES(dirty.reset, False)
-        else:
-            for kind, _, scr, init in dirty.ranges:
-                if kind != REPLICA:
-                    if init is None:
-                        scr.zero_()
-                    else:
-                        scr.copy_(init)
-            if self.layout.sizes[REPLICA]:
-                sc[REPLICA].copy_(self.local[REPLICA])
-        self.touched = set()
-        self.saved_views = self.local_views
-        self.local_views = self.scratch_views
-
-    def forward_end(self, fold: bool = True) -> list[dict[str, torch.Tensor]]:
-        """Restores the local views and folds the scratch ranges of the
-        statistics the update ran into the local state (SUM added, MAX maxed,
-        REPLICA copied); returns the scratch views (the batch's state).
-
-        REPLICA: an update only sets *unset* values (a pivot is set from the
-        first valid element, then fixed), and a statistic with an unset pivot
-        holds sums about 0 (zero, or already non-finite), exactly what the
-        kernel would have added to had it run on the state: so copying the
-        scratch's pivots over is the direct update's result. ``fold=False``
-        (the update raised) leaves the state as it was."""
-        self.local_views = self.saved_views
-        self.saved_views = None
-        ranges = self.scratch_dirty = self._fold_ranges(frozenset(self.touched))
-        self.touched = None
-        if not fold:
-            return self.scratch_views
-        if ranges.native and not torch.compiler.is_compiling():
-            _SCRATCH_RANGES(ranges.fold, True)
-        else:
-            for kind, loc, scr, init in ranges.ranges:
-                if kind == SUM:
-                    loc.add_(scr if init is None else scr - init)  # non-zero reset values: the batch's part only
-                elif kind == MAX:  # the kernels' nan_maximum: NaN wins, a tie (+-0) takes the batch's
-                    loc.copy_(torch.where((loc > scr) | loc.isnan(), loc, scr))
-                else:
-                    loc.copy_(scr)
-        self.dirty = True
-        return self.scratch_views
-
-    def _fold_ranges(self, js: frozenset) -> "FoldRanges":
-        """The contiguous ranges of the statistics ``js`` in the state and
-        the scratch (a statistic's slots of one kind are adjacent; adjacent
-        statistics merge into one range)."""
-        hit = self.fold_cache.get(js)
-        if hit is not None:
-            return hit
-        with torch.inference_mode(False):  # cached views: usable in and outside inference mode
-            hit = self.fold_cache[js] = self._make_fold_ranges(js)
-        return hit
-
-    def _make_fold_ranges(self, js: frozenset) -> "FoldRanges":
-        out = []
-        for kind in KINDS:
-            spans = []
-            for j in sorted(js):
-                offs = [(o, numel(s.shape)) for s, o in self.layout.placed[j] if s.kind == kind]
-                if offs:
-                    a = min(o for o, _ in offs)
-                    b = max(o + n for o, n in offs)
-                    if spans and spans[-1][1] == a:
-                        spans[-1][1] = b
-                    else:
-                        spans.append([a, b])
-            zero = self.layout.zero_init[kind]
-            for a, b in spans:
-                if b > a:
-                    init = None if zero else self.init[kind][a:b]
-                    out.append((kind, self.local[kind][a:b], self.scratch[kind][a:b], init))
-        replica = (self.local[REPLICA], self.scratch[REPLICA]) if self.layout.sizes[REPLICA] else None
-        return FoldRanges(tuple(out), replica, native=_SCRATCH_RANGES is not None and self.device.type == "cpu")
 
     # -- merge: another storage's state added into this one ------------------------
     def merge_stat(self, j: int, other: "Storage", jo: int) -> None:
@@ -448,7 +276,7 @@ class Storage:
         fresh buffers with this state; plans and sync handles are not copied."""
         import copy
 
-        if self.pending is not None:
+        if self.sync.pending is not None:
             raise RuntimeError(f"{self.label}: clone() while a sync is in flight; call wait_sync() first")
         new = Storage.__new__(Storage)
         memo[id(self)] = new
@@ -459,9 +287,8 @@ class Storage:
         for k in KINDS:
             new.local[k].copy_(self.local[k])
         new._set_synced(None if self.synced is None else {k: v.clone() for k, v in self.synced.items()})
-        new.pending = None
         new.dirty = self.dirty
-        new.handshakes = dict(self.handshakes)
+        new.sync = SyncState(dict(self.sync.handshakes))
         return new
 
     def __getstate__(self) -> dict:
@@ -469,7 +296,7 @@ class Storage:
         refers to this process (compiled runners, update plans, forward
         scratch, sync handshakes with its process groups) is left out and
         rebuilt lazily; REPLICA pivots are aligned again at the next sync."""
-        if self.pending is not None:
+        if self.sync.pending is not None:
             raise RuntimeError(f"{self.label}: pickled while a sync is in flight; call wait_sync() first")
         return {"layout": self.layout, "label": self.label, "device": self.device,
                 "local": {k: v.detach() for k, v in self.local.items()},
@@ -483,9 +310,8 @@ class Storage:
             self.local[k].copy_(state["local"][k])
         synced = state["synced"]
         self._set_synced(None if synced is None else {k: v.to(self.device, copy=True) for k, v in synced.items()})
-        self.pending = None
         self.dirty = state["dirty"]
-        self.handshakes = {}
+        self.sync = SyncState()
 
     def _set_synced(self, synced: dict[str, torch.Tensor] | None) -> None:
         """``synced`` (buffers per kind, or None) as the synced snapshot, with its views."""
@@ -498,7 +324,7 @@ class Storage:
         """The kinds ``reset`` fills: REPLICA too (moment pivots re-picked
         from the next data), unless a sync aligned them across ranks: those
         stay, so the next sync needs no new alignment (one collective)."""
-        return (SUM, MAX) if "done" in self.handshakes.values() else KINDS
+        return (SUM, MAX) if "done" in self.sync.handshakes.values() else KINDS
 
     def reset(self) -> None:
         for k in self._reset_kinds():
@@ -509,8 +335,8 @@ class Storage:
 
     def discard_pending(self) -> None:
         """The sync in flight, if any, publishes nothing at its wait: the local state was replaced."""
-        if self.pending is not None:
-            self.pending.discard = True
+        if self.sync.pending is not None:
+            self.sync.pending.discard = True
 
     def reset_stats(self, idxs) -> None:
         kinds = self._reset_kinds()
@@ -521,13 +347,14 @@ class Storage:
         self.dirty = True
 
     def to(self, device) -> None:
-        if self.pending is not None:
+        if self.sync.pending is not None:
             raise RuntimeError(f"{self.label}: to() while a sync is in flight; call wait_sync() first")
         device = resolve_device(device)
         local = {k: v.to(device) for k, v in self.local.items()}
         synced = None if self.synced is None else {k: v.to(device) for k, v in self.synced.items()}
         self.device = device
         self._alloc()
+        self.sync = SyncState(self.sync.handshakes)  # its buffers were on the old device
         for k in KINDS:
             self.local[k].copy_(local[k])
         self._set_synced(synced)
@@ -567,7 +394,7 @@ class Storage:
             self.local[SUM].copy_(torch.stack([b[SUM] for b in bufs]).sum(0))
             self.local[MAX].copy_(torch.stack([b[MAX] for b in bufs]).amax(0) if self.layout.sizes[MAX] else self.init[MAX])
             self.local[REPLICA].copy_(bufs[0][REPLICA])
-        self.handshakes.clear()  # loaded pivots must be aligned again at the next sync
+        self.sync.handshakes.clear()  # loaded pivots must be aligned again at the next sync
         self._set_synced(None)
         self.dirty = False
         self.discard_pending()

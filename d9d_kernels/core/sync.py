@@ -1,19 +1,14 @@
 """The sync protocol: one coalesced async all_reduce per storage.
 
-``trigger`` copies the local buffers into a snapshot buffer (two, used in
-turn, allocated once) and launches ONE async ``all_reduce`` ("sum") of the
-SUM buffer; a small MAX buffer (x world size <= ``FOLD_MAX_ELEMS``) rides in
-it, one row per rank, and is maxed locally after the wait; a larger one gets
-its own "max" all_reduce (at most one collective per kind; REPLICA is never
-reduced). Local state keeps accumulating (cumulative: a sync is the sum over
-ranks of each rank's state since ``reset``, so nothing is counted twice).
-``wait`` waits; ``compute`` then uses the synced snapshot until the next
-update (a host-side flag, no device sync). The first sync on a (storage,
-context) pair checks that every rank holds the same schema and aligns
-REPLICA slots such as moment pivots (``handshake``: one fixed-shape
-collective, no store operation, nothing that grows with the world size);
-``ctx`` may be a DistributedContext, a ProcessGroup, a DeviceMesh or None
-(``resolve_ctx``). See docs/metrics_core.md and docs/distributed.md.
+``trigger`` copies the local buffers into a snapshot (two, used in turn)
+and launches ONE async "sum" ``all_reduce`` of the SUM buffer, a small MAX
+buffer riding in it (one row per rank, maxed after the wait; a large one
+gets its own "max" collective; REPLICA is never reduced). ``wait`` waits
+and publishes the snapshot, which ``compute`` reads until the next update.
+The first sync on a (storage, context) pair checks that every rank holds
+the same schema and aligns REPLICA slots such as moment pivots
+(``handshake``: one fixed-shape collective). docs/metrics_core.md §3 and
+docs/distributed.md have the details.
 """
 
 from __future__ import annotations
@@ -22,15 +17,35 @@ import json
 
 import torch
 
-from d9d_kernels.core.statistic import MAX, REPLICA, SUM
-from d9d_kernels.core.storage import Storage, numel
+from math import prod as numel
+from typing import TYPE_CHECKING
 
-__all__ = ["trigger", "wait", "handshake", "resolve_ctx", "rank_world", "FOLD_MAX_ELEMS", "HANDSHAKE_PAYLOAD"]
+from d9d_kernels.core.statistic import MAX, REPLICA, SUM
+
+if TYPE_CHECKING:
+    from d9d_kernels.core.storage import Storage
+
+__all__ = ["SyncState", "trigger", "wait", "handshake", "resolve_ctx", "rank_world", "FOLD_MAX_ELEMS", "HANDSHAKE_PAYLOAD"]
 
 #: MAX state x world size (elements) up to which a sync folds the MAX buffer
 #: into the one "sum" all_reduce (one row per rank) instead of a second
 #: collective: 8192 doubles = 64 KiB extra.
 FOLD_MAX_ELEMS = 8192
+
+
+class SyncState:
+    """A storage's sync bookkeeping: the snapshot the next trigger fills (two,
+    used in turn: a sync fills one while compute() may still read the
+    other), the folded buffers per (snapshot, world, rank), (world size,
+    rank) per context, the sync in flight and each context's handshake
+    ("schema": checked, pivots not settled yet; "done")."""
+
+    def __init__(self, handshakes: dict | None = None):
+        self.next_snap = 0
+        self.fold_bufs: dict[tuple[int, int, int], list] = {}
+        self.world_ranks: dict[tuple, tuple[int, int]] = {}
+        self.pending: Pending | None = None
+        self.handshakes: dict[tuple, str] = {} if handshakes is None else handshakes
 
 
 class Pending:
@@ -45,14 +60,14 @@ class Pending:
 
 def trigger(st: Storage, ctx) -> None:
     """Snapshots ``st``'s local state and launches the async collective(s)."""
-    if st.pending is not None:
+    if st.sync.pending is not None:
         raise RuntimeError(f"{st.label}: trigger_sync() called twice without wait_sync()")
     ctx = resolve_ctx(ctx)
     if ctx is not None:
         handshake(st, ctx)
-    i = st.next_snap
-    st.next_snap = 1 - i
-    snapshot = st.snaps[i]
+    i = st.sync.next_snap
+    st.sync.next_snap = 1 - i
+    snapshot = st.snapshots[i][0]
     # Launch first, copy the rest after: every op between the ranks'
     # arrival and the launch delays all of them (bench_sync, world 2: ops
     # right after a barrier run several times slower than in a hot loop).
@@ -78,15 +93,15 @@ def trigger(st: Storage, ctx) -> None:
     for k, v in st.local.items():
         if k not in done:
             snapshot[k].copy_(v)
-    st.pending = Pending(handles, i, fold)
+    st.sync.pending = Pending(handles, i, fold)
 
 
 def _world_rank(st: Storage, ctx) -> tuple[int, int]:
     """(world size, rank) of ``ctx``'s group, asked once per group."""
     key = ctx.cache_key
-    wr = st.world_ranks.get(key)
+    wr = st.sync.world_ranks.get(key)
     if wr is None:
-        wr = st.world_ranks[key] = (ctx.world_size, ctx.rank)
+        wr = st.sync.world_ranks[key] = (ctx.world_size, ctx.rank)
     return wr
 
 
@@ -101,21 +116,21 @@ def folded(st: Storage, i: int, world: int, rank: int) -> list:
     extra bytes. Allocated once per (snapshot, world, rank); the rows are
     zeroed after each wait (one op less before the launch)."""
     key = (i, world, rank)
-    views = st.fold_bufs.get(key)
+    views = st.sync.fold_bufs.get(key)
     if views is None:
         n_sum, n_max = st.layout.sizes[SUM], st.layout.sizes[MAX]
         buf = torch.zeros(n_sum + world * n_max, dtype=torch.float64, device=st.device)
         rows = buf[n_sum:].view(world, n_max)
-        views = st.fold_bufs[key] = [buf, buf[:n_sum], rows, rows[rank], True]
+        views = st.sync.fold_bufs[key] = [buf, buf[:n_sum], rows, rows[rank], True]
     return views
 
 
 def wait(st: Storage) -> None:
     """Waits for the collectives of the last ``trigger`` and publishes the snapshot."""
-    p = st.pending
+    p = st.sync.pending
     if p is None:
         raise RuntimeError(f"{st.label}: wait_sync() without a pending trigger_sync()")
-    st.pending = None
+    st.sync.pending = None
     for h in p.handles:
         h.wait()
     f = p.folded
@@ -124,14 +139,14 @@ def wait(st: Storage) -> None:
             f[2].zero_()
             f[4] = True
         return
-    snapshot = st.snaps[p.snapshot]
+    snapshot = st.snapshots[p.snapshot][0]
     if f is not None:
         snapshot[SUM].copy_(f[1])
         torch.amax(f[2], dim=0, out=snapshot[MAX])
         f[2].zero_()
         f[4] = True
     st.synced = snapshot
-    st.synced_views = st.snap_views[p.snapshot]
+    st.synced_views = st.snapshots[p.snapshot][1]
     st.dirty = False
 
 
@@ -149,8 +164,10 @@ def handshake(st: Storage, ctx) -> None:
     statistic is settled (no rank has data yet) the handshake repeats at the
     next sync.
     """
+    from d9d_kernels.distributed import explain_members
+
     key = ctx.cache_key
-    if st.handshakes.get(key) == "done":
+    if st.sync.handshakes.get(key) == "done":
         return
     layout = st.layout
     rep_idx = [j for j in range(len(layout.stats)) if layout.has_replica(j)]
@@ -166,11 +183,11 @@ def handshake(st: Storage, ctx) -> None:
         layout.schema,
         f"metric schema of {st.label} (members, order, statistics, slot shapes)",
         payload=payload,
-        detail=lambda: member_detail(layout),
-        explain=explain_members,
+        detail=lambda: layout.detail,
+        explain=explain_members,  # d9d_kernels.distributed: the details below, per member in words
     )
     if not rep_idx:
-        st.handshakes[key] = "done"
+        st.sync.handshakes[key] = "done"
         return
     chosen = torch.empty(n_rep, dtype=torch.float64, device=st.device)
     chosen[:head].copy_(_received(got[:head]))
@@ -191,7 +208,7 @@ def handshake(st: Storage, ctx) -> None:
         mine = layout.views(buf, j, (REPLICA,))
         stat.adopt_replica(st.local_views[j], mine)
         settled = settled and stat.replica_settled(mine)
-    st.handshakes[key] = "done" if settled else "schema"
+    st.sync.handshakes[key] = "done" if settled else "schema"
 
 
 #: REPLICA doubles that ride in the handshake collective (2 KiB with its
@@ -235,18 +252,16 @@ def _lowest_settled(st: Storage, ctx, open_idx: list[int], chosen: torch.Tensor)
                     chosen[o : o + n].copy_(vals[o : o + n])
 
 
-def member_detail(layout) -> str:
-    """JSON ``[[label, {field: text}], ...]`` of a storage's members: the
-    class, the public configuration attributes and each statistic's schema.
-    Sent by one rank per schema variant when ranks disagree."""
+def member_detail(owners: list, layout) -> str:
+    """JSON ``[[label, {field: text}], ...]`` of a layout's ``owners``
+    (``(label, metric)``): the class, the public configuration attributes and
+    each statistic's schema. Sent by one rank per schema variant when ranks disagree."""
     out = []
-    for i, (label, ref) in enumerate(getattr(layout, "owners", ())):
-        m = ref()
-        fields: dict[str, str] = {"class": type(m).__name__ if m is not None else "?"}
-        if m is not None:
-            for k, v in sorted(vars(m).items()):
-                if not k.startswith("_") and _plain(v):
-                    fields[k] = repr(v)
+    for i, (label, m) in enumerate(owners):
+        fields: dict[str, str] = {"class": type(m).__name__}
+        for k, v in sorted(vars(m).items()):
+            if not k.startswith("_") and _plain(v):
+                fields[k] = repr(v)
         for name, j in sorted(layout.maps[i].items()):
             stat = layout.stats[j]
             slots = ", ".join(f"{s.name} {s.kind} {tuple(s.shape)}" for s, _ in layout.placed[j])
@@ -259,62 +274,6 @@ def _plain(v) -> bool:
     if isinstance(v, (tuple, list)):
         return len(v) <= 16 and all(_plain(x) for x in v)
     return v is None or isinstance(v, (bool, int, float, str))
-
-
-def explain_members(variants: list) -> str:
-    """Per member, in words: "MetricGroup['acc']: num_classes 5 on ranks [0]
-    vs 6 on ranks [1]" (configuration first; the state only when the
-    configuration does not differ)."""
-    from d9d_kernels.distributed import fmt_ranks
-
-    parsed = []
-    for ranks, text in variants:
-        try:
-            parsed.append((ranks, dict(json.loads(text)), [label for label, _ in json.loads(text)]))
-        except ValueError:  # truncated detail: show the raw text
-            return " vs ".join(f"ranks {fmt_ranks(r)}: {t[:300]!r}" for r, t in variants)
-    lines = []
-    labels = list(dict.fromkeys(label for _, _, order in parsed for label in order))
-    for label in labels:
-        having = [(ranks, members[label]) for ranks, members, _ in parsed if label in members]
-        missing = [ranks for ranks, members, _ in parsed if label not in members]
-        if missing:
-            cls = having[0][1].get("class", "?")
-            lines.append(
-                f"{label} ({cls}) on ranks {fmt_ranks(_cat(r for r, _ in having))}, "
-                f"missing on ranks {fmt_ranks(_cat(missing))}"
-            )
-            continue
-        diffs = _field_diffs(having, lambda k: not k.startswith("state "))
-        diffs = diffs or _field_diffs(having, lambda k: k.startswith("state "))
-        lines.extend(f"{label}: {d}" for d in diffs)
-    orders = [order for _, _, order in parsed]
-    if not lines and len({tuple(o) for o in orders}) > 1:
-        lines.append("member order " + " vs ".join(f"{o} on ranks {fmt_ranks(r)}" for o, (r, _, _) in zip(orders, parsed)))
-    if not lines:
-        lines.append("members agree but their merged statistics differ: " + " vs ".join(
-            f"ranks {fmt_ranks(r)}: {t[:200]!r}" for r, t in variants))
-    more = f"; ... ({len(lines) - 12} more)" if len(lines) > 12 else ""
-    return "; ".join(lines[:12]) + more
-
-
-def _cat(lists) -> list[int]:
-    return sorted(r for rs in lists for r in rs)
-
-
-def _field_diffs(having: list, pick) -> list[str]:
-    """"field a on ranks [..] vs b on ranks [..]" for every field that differs."""
-    from d9d_kernels.distributed import fmt_ranks
-
-    keys = list(dict.fromkeys(k for _, f in having for k in f if pick(k)))
-    out = []
-    for k in keys:
-        by_value: dict[str, list[int]] = {}
-        for ranks, f in having:
-            by_value.setdefault(f.get(k, "(unset)"), []).extend(ranks)
-        if len(by_value) > 1:
-            out.append(f"{k} " + " vs ".join(f"{v} on ranks {fmt_ranks(sorted(r))}" for v, r in by_value.items()))
-    return out
 
 
 def resolve_ctx(ctx):

@@ -164,34 +164,6 @@ class ClassStatistic(LabelledStatistic):
             and "vocab" not in sample
         )
 
-    def bind(self, sample: dict):
-        """The raw ``class_stats`` op when ``_direct(sample)`` (skips the wrapper's checks)."""
-        if not self._direct(sample):
-            return super().bind(sample)
-        preds = self.unpack(sample)[0]
-        op = ops.raw("class_stats", preds.device)
-        p_name, t_name, m_name = self.inputs
-        C, ignore, ks, nll = self.num_classes, self.ignore_index, list(self.top_ks), self.nll
-
-        def run(state, inputs):
-            op(inputs[p_name], inputs[t_name], inputs.get(m_name), C, ignore, ks, nll,
-               state["stats"], state.get("confmat"), state["extras"], state["bad"])
-
-        return run
-
-    def compile_step(self, sample: dict, state: dict):
-        """``bind``'s raw op call as a ``d9d_kernels.core.compiled.OpStep``
-        (compiled C++/CUDA backend only)."""
-        if not self._direct(sample) or ops.backend_for("class_stats", state["stats"].device, None) not in ("cpp", "cuda"):
-            return None
-        from d9d_kernels.core.compiled import OpStep
-
-        p_name, t_name, m_name = self.inputs
-        return OpStep("class_stats", {"preds": ("as_is", p_name), "target": ("as_is", t_name), "mask": ("as_is", m_name)},
-                      dict(num_classes=self.num_classes, ignore_index=self.ignore_index, top_ks=list(self.top_ks),
-                           nll=self.nll, stats=state["stats"], confmat=state.get("confmat"), extras=state["extras"],
-                           bad=state["bad"]))
-
     def view(self, state: dict[str, torch.Tensor], need: "ClassStatistic") -> dict[str, torch.Tensor]:
         """``need``'s own layout: ``stats`` [len(need.top_ks), 3, C] etc."""
         out = super().view(state, need)

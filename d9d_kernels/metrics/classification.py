@@ -295,7 +295,7 @@ class _Classification(Metric):
 
     def _finish(self, s, value: torch.Tensor) -> torch.Tensor:
         if self.nan_strategy == "propagate":
-            value = torch.where(s["bad"][1] > 0, torch.full_like(value, float("nan")), value)
+            value = torch.where(s["bad"][1] > 0, float("nan"), value)
         return value
 
     def _compute(self, states):
@@ -567,7 +567,7 @@ class ConfusionMatrix(_ConfmatMetric):
 
 def _plot_per_label(values: torch.Tensor, ax, title: str):
     """One heat map per leading index of ``values`` ``[L, 2, 2]``: ``(fig, axes[:L])``."""
-    from d9d_kernels.core.plot import _pyplot, plot_values
+    from d9d_kernels.plot import _pyplot, plot_values
 
     plt = _pyplot()
     L = values.shape[0]

@@ -16,6 +16,8 @@ the lowest rank that has one; it then stays fixed (``reset`` keeps it).
 
 from __future__ import annotations
 
+import struct
+
 import torch
 
 from d9d_kernels import ops
@@ -53,46 +55,32 @@ def recenter_moments(moments: torch.Tensor, old: torch.Tensor, new: torch.Tensor
     )
 
 
-def _number(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
-class _Fills:
-    """Python numbers as float64 ``[1]`` tensors for planned updates: each new
-    value of an input is filled once on the device (the ops only read it, so
-    a repeated value reuses its fill; an equal value of another type or a NaN
-    is filled again)."""
-
-    def __init__(self):
-        self._last: dict[str, tuple[object, torch.Tensor]] = {}
-
-    def __call__(self, name: str, v, device: torch.device) -> torch.Tensor:
-        f = self._last.get(name)
-        if f is None or not (f[0] == v and type(f[0]) is type(v)):
-            f = self._last[name] = (v, torch.full((1,), float(v), dtype=torch.float64, device=device))
-        return f[1]
-
-
-def _raw_on_state_device(op_name: str, slot: str, call):
-    """A plan step ``call(op, state, inputs)`` with ``op = ops.raw(op_name)``
-    for the device of ``state[slot]``, resolved at the first call (Python
-    number inputs carry no device)."""
-    op = []
-
-    def run(state, inputs):
-        if not op:
-            op.append(ops.raw(op_name, state[slot].device))
-        call(op[0], state, inputs)
-
-    return run
-
-
-def as_tensor(v, device: torch.device) -> torch.Tensor:
-    """A tensor as is; a Python number as a float64 0-d tensor made by a fill
-    kernel on ``device`` (no host->device copy, no sync)."""
+def as_tensor(v, device: torch.device, like: torch.Tensor | None = None) -> torch.Tensor:
+    """A tensor as is; a Python number as a 0-d tensor made by a fill kernel on
+    ``device`` (no host->device copy, no sync): in ``like``'s floating dtype
+    when the number is exact there (the kernel then reads one dtype, no
+    conversion), else float64. The replay of a recorded fill applies the same
+    rule to every new value (csrc/host/replay.cpp ``exact_in``)."""
     if isinstance(v, torch.Tensor):
         return v
-    return torch.full((), float(v), dtype=torch.float64, device=device)
+    v = float(v)
+    # traced: float64 (the kernel computes in float64: the same bits for an exact value)
+    narrow = like is not None and like.dtype in (torch.float32, torch.float16, torch.bfloat16) \
+        and not torch.compiler.is_compiling()
+    dtype = like.dtype if narrow and exact_in(v, like.dtype) else torch.float64
+    return torch.full((), v, dtype=dtype, device=device)
+
+
+def exact_in(v: float, dtype: torch.dtype) -> bool:
+    """Whether ``v`` is exactly representable in the floating ``dtype`` (float32, float16, bfloat16)."""
+    try:
+        f32 = struct.unpack("f", struct.pack("f", v))[0]
+        if dtype == torch.float16:
+            return struct.unpack("e", struct.pack("e", v))[0] == v
+    except OverflowError:
+        return False
+    bf16_ok = struct.unpack("I", struct.pack("f", f32))[0] & 0xFFFF == 0
+    return f32 == v and (dtype != torch.bfloat16 or bf16_ok)
 
 
 def first_set(values: list[torch.Tensor]) -> torch.Tensor:
@@ -148,111 +136,10 @@ class MomentsStatistic(Shareable):
         """``x``, ``y``, ``weights``: tensors or Python numbers."""
         dev = state["moments"].device
         x, y = as_tensor(x, dev), (None if y is None else as_tensor(y, dev))
-        weights = None if weights is None else as_tensor(weights, dev)
+        weights = None if weights is None else as_tensor(weights, dev, like=x)
         ops.weighted_moments(
             x, y, weights, mask, state=state["moments"], bad=state["bad"], pivot=state["pivot"], skip_bad=self.skip_bad
         )
-
-    def bind(self, sample: dict):
-        """The raw ``weighted_moments`` op when ``x`` is a floating tensor and
-        ``y``, ``weights``, ``mask`` are None or of ``x``'s shape (``y``,
-        ``weights`` of its dtype); ``weights`` may also be a Python number
-        (filled to ``x``'s size, in ``x``'s dtype when exact there, else
-        float64; the kernel computes in float64, so results equal the checked
-        path's)."""
-        x, w = sample.get("x"), sample.get("weights")
-        if self._numbers(sample):
-            return self._bind_numbers(w is not None)
-        if not self._direct(sample):
-            return super().bind(sample)
-        w_number = w is not None and not isinstance(w, torch.Tensor)
-        op = ops.raw("weighted_moments", x.device)
-        skip_bad = self.skip_bad
-        filled = [None, None]  # (number, its fill): the op only reads weights, so a repeated n reuses it
-
-        def run(state, inputs):
-            x = inputs["x"].reshape(-1)
-            y, w, mask = inputs.get("y"), inputs.get("weights"), inputs.get("mask")
-            if y is not None:
-                y = y.reshape(-1)
-            if w_number:
-                if filled[0] != w:
-                    # in x's dtype when w is exact there (a host-side test): the op then
-                    # needs no float64 copy of x, one op less per update (bench/analysis.md,
-                    # training loop); the kernel multiplies in float64 either way
-                    wv = float(w)
-                    exact = torch.tensor(wv, dtype=x.dtype).item() == wv
-                    filled[:] = w, torch.full(x.shape, wv, dtype=x.dtype if exact else torch.float64, device=x.device)
-                w = filled[1]
-            elif w is not None:
-                w = w.reshape(-1)
-            if mask is not None:
-                mask = mask.reshape(-1)
-            op(x, y, w, mask, skip_bad, state["moments"], state["bad"], state["pivot"])
-
-        return run
-
-    @staticmethod
-    def _numbers(sample: dict) -> bool:
-        """``x`` (and ``weights``) Python numbers, no ``y``, no ``mask``."""
-        x, y, w, mask = (sample.get(k) for k in ("x", "y", "weights", "mask"))
-        return _number(x) and y is None and mask is None and (w is None or _number(w))
-
-    @staticmethod
-    def _direct(sample: dict) -> bool:
-        """Whether the raw op takes ``sample`` flattened: ``x``, ``y``,
-        ``weights`` (or a number), ``mask`` None or of ``x``'s shape. Of one
-        floating dtype every backend takes them; integer or mixed dtypes (a
-        0-d int64 token count beside a float32 loss) the compiled kernels
-        promote themselves (integers to float64)."""
-        x, y, w, mask = (sample.get(k) for k in ("x", "y", "weights", "mask"))
-        if not isinstance(x, torch.Tensor) or x.dtype.is_complex:
-            return False
-        tensors = [t for t in (x, y, w) if isinstance(t, torch.Tensor)]
-        if any(t.dtype not in ops.FLOATS or t.dtype != x.dtype for t in tensors) and \
-                ops.backend_for("weighted_moments", x.device, None) not in ("cpp", "cuda"):
-            return False
-        same = lambda t: t is None or (  # noqa: E731
-            isinstance(t, torch.Tensor) and t.shape == x.shape and not t.dtype.is_complex
-        )
-        return (
-            same(y)
-            and ((w is not None and not isinstance(w, torch.Tensor)) or same(w))
-            and (mask is None or (mask.dtype == torch.bool and mask.shape == x.shape))
-        )
-
-    def compile_step(self, sample: dict, state: dict):
-        """``bind``'s raw op call as a ``d9d_kernels.core.compiled.OpStep``."""
-        from d9d_kernels.core.compiled import OpStep
-
-        w = sample.get("weights")
-        consts = dict(skip_bad=self.skip_bad, state=state["moments"], bad=state["bad"], pivot=state["pivot"])
-        if self._numbers(sample):
-            if ops.backend_for("weighted_moments", state["moments"].device, None) not in ("cpp", "cuda"):
-                return None
-            inputs = {"x": ("fill1", "x"), "weights": ("fill1", "weights")}
-            consts.update(y=None, mask=None)
-        elif self._direct(sample) and ops.backend_for("weighted_moments", sample["x"].device, None) in ("cpp", "cuda"):
-            inputs = {"x": ("flat", "x"), "y": ("flat", "y"), "mask": ("flat", "mask"),
-                      "weights": ("flat", "weights") if w is None or isinstance(w, torch.Tensor)
-                      else ("fill_like", "weights", "x")}
-        else:
-            return None
-        return OpStep("weighted_moments", inputs, consts)
-
-    def _bind_numbers(self, weighted: bool):
-        """``x`` (and ``weights``) Python numbers, e.g. ``SumMetric.update(float(n))``:
-        each new value filled once as a float64 ``[1]`` tensor on the state's
-        device (the op only reads it; a repeated value reuses the fill), then
-        the raw op."""
-        skip_bad, fill = self.skip_bad, _Fills()
-
-        def call(op, state, inputs):
-            dev = state["moments"].device
-            w = fill("weights", inputs["weights"], dev) if weighted else None
-            op(fill("x", inputs["x"], dev), None, w, None, skip_bad, state["moments"], state["bad"], state["pivot"])
-
-        return _raw_on_state_device("weighted_moments", "moments", call)
 
     def choose_replica(self, replicas):
         return {"pivot": first_set([r["pivot"] for r in replicas])}
@@ -291,14 +178,6 @@ class OutputMomentsStatistic(MomentsStatistic):
             ops.weighted_moments(x[:, j], col(y, j), col(weights, j), col(mask, j), state=state["moments"][j],
                                  bad=state["bad"], pivot=state["pivot"][j], skip_bad=self.skip_bad)
 
-    def bind(self, sample: dict):
-        update = self.update
-        return lambda state, inputs: update(state, **inputs)
-
-    def compile_step(self, sample: dict, state: dict):
-        return None
-
-
 @statistic
 class ExtremaStatistic(Shareable):
     """Running (max, -min) of ``x``: one ``running_extrema`` call, MAX kind.
@@ -318,40 +197,3 @@ class ExtremaStatistic(Shareable):
         x = as_tensor(x, state["extrema"].device)
         ops.running_extrema(x, mask, state=state["extrema"], bad=state["bad"], skip_bad=self.skip_bad)
 
-    def compile_step(self, sample: dict, state: dict):
-        """``bind``'s raw op call as a ``d9d_kernels.core.compiled.OpStep``."""
-        from d9d_kernels.core.compiled import OpStep
-
-        x, mask = sample.get("x"), sample.get("mask")
-        if _number(x) and mask is None:
-            inputs = {"x": ("fill1", "x"), "mask": ("as_is", "mask")}
-        elif (isinstance(x, torch.Tensor) and x.dtype in ops.FLOATS
-              and (mask is None or (isinstance(mask, torch.Tensor) and mask.dtype == torch.bool
-                                    and mask.shape == x.shape))):
-            inputs = {"x": ("flat", "x"), "mask": ("flat", "mask")}
-        else:
-            return None
-        if ops.backend_for("running_extrema", state["extrema"].device, None) not in ("cpp", "cuda"):
-            return None
-        return OpStep("running_extrema", inputs, dict(skip_bad=self.skip_bad, state=state["extrema"], bad=state["bad"]))
-
-    def bind(self, sample: dict):
-        """The raw ``running_extrema`` op for a floating tensor ``x`` (``mask``
-        None or bool of ``x``'s shape) or a Python number (filled as in
-        ``MomentsStatistic``)."""
-        x, mask = sample.get("x"), sample.get("mask")
-        number = _number(x) and mask is None
-        tensor = (isinstance(x, torch.Tensor) and x.dtype in ops.FLOATS
-                  and (mask is None or (isinstance(mask, torch.Tensor) and mask.dtype == torch.bool
-                                        and mask.shape == x.shape)))
-        if not (number or tensor):
-            return super().bind(sample)
-        skip_bad, fill = self.skip_bad, _Fills()
-
-        def call(op, state, inputs):
-            st = state["extrema"]
-            x = fill("x", inputs["x"], st.device) if number else inputs["x"].reshape(-1)
-            m = inputs.get("mask")
-            op(x, None if m is None else m.reshape(-1), skip_bad, st, state["bad"])
-
-        return _raw_on_state_device("running_extrema", "extrema", call)

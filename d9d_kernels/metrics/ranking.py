@@ -26,7 +26,6 @@ from fractions import Fraction
 
 import torch
 
-from d9d_kernels.core.device import constant
 from d9d_kernels.core.metric import Metric
 from d9d_kernels.metrics import _args as A
 from d9d_kernels.metrics.formulas import ranking as R
@@ -34,6 +33,16 @@ from d9d_kernels.metrics.score_histogram import HistogramStatistic
 from d9d_kernels.metrics.labelled import INPUTS
 
 __all__ = ["AUROC", "AveragePrecision"]
+
+
+def constant(values, dtype: torch.dtype, device) -> torch.Tensor:
+    """``torch.tensor(values, dtype=dtype, device=device)`` without blocking the
+    host: on CUDA the values go through pinned memory and a non-blocking copy
+    (a copy from pageable memory waits for the stream)."""
+    t = torch.tensor(values, dtype=dtype)
+    if torch.device(device).type != "cuda":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
 
 #: the default ``num_bins`` (a ``num_bins`` that differs from it and from the bins ``thresholds`` implies is refused)
 DEFAULT_BINS = 10_000

@@ -125,8 +125,7 @@ class Running(Metric):
         st.local[SUM].copy_(st.init[SUM])
         st.local[MAX].copy_(st.init[MAX])
         st.local[REPLICA].zero_()
-        st.synced = None
-        st.synced_views = None
+        st._set_synced(None)
         return st
 
     def _ring_update(self, args, kwargs) -> None:

@@ -69,6 +69,17 @@ def _check_real(op: str, arg: str, t, device: torch.device) -> None:
     fail(op, arg, f"must be real, got {t.dtype}", TypeError)
 
 
+def as_real(op: str, arg: str, t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``t`` as it is, checked to be a real tensor on ``device``."""
+    _check_real(op, arg, t, device)
+    return t
+
+
+def float_dtype(t: torch.Tensor) -> torch.dtype:
+    """The floating dtype ``t`` is read in: its own, or float64 for integers / bool (exact)."""
+    return t.dtype if t.dtype in FLOATS else torch.float64
+
+
 def as_float(op: str, arg: str, t: torch.Tensor, device: torch.device) -> torch.Tensor:
     """A floating tensor on ``device``; integer/bool inputs become float64,
     which holds them exactly (float32 rounds counts past 2^24)."""

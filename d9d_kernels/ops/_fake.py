@@ -132,11 +132,10 @@ def register() -> None:
         except RuntimeError:
             continue
         torch.library.register_fake(qual)(globals()[name])
-    # the internal ops (vocab-parallel partials, fused compute): shape-only
+    # the internal ops (vocab-parallel partials): shape-only
     for qual, fake in (("d9d_kernels::vocab_partials", lambda x, target, start, kmax, sumexp, out: None),
                        ("d9d_kernels::vocab_class_stats", lambda g, target, mask, ignore_index, lse, num_classes, top_ks,
-                        nll, rows_by_lse, stats, extras, bad, confmat: None),
-                       ("d9d_kernels::group_values", lambda sum, max, replica, program, beta, out: None)):
+                        nll, rows_by_lse, stats, extras, bad, confmat: None)):
         try:
             torch._C._dispatch_find_schema_or_throw(qual, "")
         except RuntimeError:

@@ -9,8 +9,8 @@ from __future__ import annotations
 import torch
 
 from d9d_kernels import reference
-from d9d_kernels.ops._common import as_float, check_mask, check_state, fail
-from d9d_kernels.ops._dispatch import run
+from d9d_kernels.ops._common import as_real, check_mask, check_state, fail, float_dtype
+from d9d_kernels.ops._dispatch import pick, run
 
 OP = "weighted_moments"
 
@@ -48,29 +48,31 @@ def weighted_moments(
         2.0
     """
     dev = x.device if isinstance(x, torch.Tensor) else torch.device("cpu")
-    x = as_float(OP, "x", x, dev)
+    x = as_real(OP, "x", x, dev)
     shape = x.shape
-    dtype = x.dtype
+    dtype = float_dtype(x)
     if y is not None:
-        y = as_float(OP, "y", y, dev)
+        y = as_real(OP, "y", y, dev)
         if not (y.shape == shape):
             fail(OP, "y", f"must have the shape of x {tuple(shape)}, got {tuple(y.shape)}")
-        dtype = torch.promote_types(dtype, y.dtype)
+        dtype = torch.promote_types(dtype, float_dtype(y))
     if weights is not None:
-        weights = as_float(OP, "weights", weights, dev)
+        weights = as_real(OP, "weights", weights, dev)
         try:
             weights = torch.broadcast_to(weights, shape)
         except RuntimeError:
             fail(OP, "weights", f"of shape {tuple(weights.shape)} does not broadcast to {tuple(shape)}")
-        dtype = torch.promote_types(dtype, weights.dtype)
+        dtype = torch.promote_types(dtype, float_dtype(weights))
     mask = check_mask(OP, mask, shape, dev)
     check_state(OP, "state", state, (reference.MOMENTS_SIZE,), dev)
     check_state(OP, "bad", bad, (1,), dev)
     if pivot is not None:
         check_state(OP, "pivot", pivot, (2,), dev)
 
-    x = x.reshape(-1).to(dtype)
-    y = None if y is None else y.reshape(-1).to(dtype)
-    weights = None if weights is None else weights.reshape(-1).to(dtype)
+    # the compiled kernels promote integer and mixed dtypes themselves (as float_dtype does)
+    cast = (lambda t: t) if pick(OP, dev, backend) in ("cpp", "cuda") else (lambda t: t.to(dtype))  # noqa: E731
+    x = cast(x.reshape(-1))
+    y = None if y is None else cast(y.reshape(-1))
+    weights = None if weights is None else cast(weights.reshape(-1))
     mask = None if mask is None else mask.reshape(-1)
     run(OP, dev, backend, x, y, weights, mask, skip_bad, state, bad, pivot)

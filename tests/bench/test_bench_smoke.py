@@ -220,3 +220,21 @@ def test_d9d_tiny_run_and_report(tmp_path):
     text, _ = report.build(tmp_path, tmp_path / "performance.md")
     assert "## Inside d9d" in text and "| d9d | update: d9d built-ins / d9d_kernels" in text
     assert (tmp_path / "bench_d9d.png").stat().st_size > 1000
+
+
+def test_catalogue_bench_covers_every_class_and_reports(tmp_path):
+    """bench_catalogue has a case for every exported metric class (it exits
+    naming any without one) and its rows reach the report's targets."""
+    import report
+
+    out = tmp_path / "bench_catalogue.csv"
+    proc = subprocess.run([sys.executable, str(BENCH / "bench_catalogue.py"), "--quick", "--only",
+                           "SumMetric,AUROC,Accuracy,LogCoshError", "--out", str(out)],
+                          cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = _rows(out)
+    assert [r["metric"] for r in rows] == ["AUROC", "Accuracy", "LogCoshError", "SumMetric"]
+    assert {r["kernels"] for r in rows} == {"score_histogram", "class_stats", "weighted_moments"}
+    assert all(float(r["update_us"]) > 0 and float(r["all_ops_us"]) > 0 for r in rows)
+    text, _ = report.build(tmp_path, tmp_path / "performance.md", plots=False)
+    assert "## Catalogue updates against their op calls" in text and "| catalogue |" in text

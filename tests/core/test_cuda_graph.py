@@ -1,6 +1,6 @@
 """CUDA graphs: a training step with a group update captures and replays.
 
-The compiled update path (d9d_kernels/core/compiled.py) makes no allocation
+The planned update (d9d_kernels/core/plan.py) makes no allocation
 and no host read after warm-up and writes into buffers whose addresses never
 change, so ``torch.cuda.graph`` can capture it: each replay adds the step's
 batch exactly as an eager update does (compared with an eager group and with
@@ -53,13 +53,13 @@ def test_training_step_with_group_update_captures_and_replays():
 
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):  # warm-up: plans, runners, autograd and optimizer state
+    with torch.cuda.stream(s):  # warm-up: plans, autograd and optimizer state
         for _ in range(3):
             opt.zero_grad(set_to_none=False)
             step(static_x, static_y, g)
     torch.cuda.current_stream().wait_stream(s)
     g.reset()
-    assert g._storage.compiled, "the update runs through the compiled runners"
+    assert g._storage.plans, "the update runs through its recorded plans"
     ptrs = {k: v.data_ptr() for k, v in g._storage.local.items()}
 
     graph = torch.cuda.CUDAGraph()

@@ -18,8 +18,6 @@ import torchmetrics as tm
 import torchmetrics.text
 
 import d9d_kernels as dk
-import d9d_kernels.metrics  # noqa: F401  (fills core.metric.FUSED, read by the one-call forward tests)
-from d9d_kernels.core import compiled
 from d9d_kernels.core.plan import Plan
 from tests.metrics._catalogue_utils import _one_thread  # noqa: F401
 
@@ -249,69 +247,21 @@ def _equal_nan(a: torch.Tensor, b: torch.Tensor) -> bool:
         torch.equal(torch.isnan(a), torch.isnan(b))
 
 
-def _count_one_calls(monkeypatch, record):
-    """Returns ``FUSED["forward"]`` wrapped to call ``record(owner, took)``
-    after each call (``took``: it ran the one call), for the test to install
-    where it wants the one call; and counts the C++ steady state
-    (``compiled.fast_forward``, tried first, on the shortcut the last one call
-    of the same input names left) the same way wherever it ran."""
-    from d9d_kernels.core import group, metric
-    from d9d_kernels.core.metric import FUSED
-
-    one_call, fast = FUSED["forward"], compiled.fast_forward
-
-    def first(*a):
-        r = one_call(*a)
-        record(a[0], r is not None)
-        return r
-
-    def steady(owner, args, kwargs):
-        r = fast(owner, args, kwargs)
-        if r is not None:
-            record(owner, True)
-        return r
-
-    monkeypatch.setattr(group, "_fast_forward", steady)
-    monkeypatch.setattr(metric, "_fast_forward", steady)
-    return first
-
-
-def _no_steady_state(monkeypatch):
-    from d9d_kernels.core import group, metric
-
-    monkeypatch.setattr(group, "_fast_forward", lambda *a: None)
-    monkeypatch.setattr(metric, "_fast_forward", lambda *a: None)
-
-
-def _fast_and_slow_step(monkeypatch, counted, fast, slow, call, where) -> None:
-    """``call(g, out)`` on ``fast`` (its forward may take the one call, counted)
-    and on its twin ``slow`` (never); asserts the outputs and the state bits
-    are equal, ``where`` naming the step in a failure."""
-    from d9d_kernels.core.metric import FUSED
-
-    got, want = {}, {}
-    for g, out in ((fast, got), (slow, want)):
-        monkeypatch.setitem(FUSED, "forward", counted if g is fast else (lambda *a: None))
-        call(g, out)
-    assert got.keys() == want.keys()
-    for k in want:
-        assert _equal_nan(got[k], want[k]), (*where, k)
+def _forward_and_update_step(fwd, upd, call, where) -> None:
+    """``call(g, out, forward)`` on ``fwd`` (forward=True) and on its twin
+    ``upd`` (forward=False: update in place of each forward); asserts that
+    the two states are the same bits, ``where`` naming the step in a failure."""
+    call(fwd, {}, True)
+    call(upd, {}, False)
     for k in ("sum", "max", "replica"):  # replica: an unset pivot is NaN
-        assert _equal_nan(fast._storage.local[k], slow._storage.local[k]), (*where, k)
+        assert _equal_nan(fwd._storage.local[k], upd._storage.local[k]), (*where, k)
 
 
-@pytest.mark.parametrize("native", [True, False], ids=["scratch_ranges", "torch ops"])
 @pytest.mark.parametrize("strategy", ["propagate", "ignore"])
-def test_forward_state_equals_update_state_with_nan_inf_and_unset_pivots(strategy, native, monkeypatch):
+def test_forward_state_equals_update_state_with_nan_inf_and_unset_pivots(strategy):
     """The fold (sums added, maxima maxed, pivots copied) leaves exactly the
     state update() would have: NaN/Inf batches, batches with no valid element
-    before the pivot is set, masks; by the C++ reset and fold (CPU) and by
-    the torch ops (other devices)."""
-    from d9d_kernels.core import storage
-
-    assert storage._SCRATCH_RANGES is not None
-    if not native:
-        monkeypatch.setattr(storage, "_SCRATCH_RANGES", None)
+    before the pivot is set, masks."""
     vals = [torch.tensor([float("nan"), 2.0]), torch.tensor([float("inf")]), torch.tensor([5.0, -1.0]),
             torch.tensor([3.0, float("-inf")]), torch.tensor([7.0])]
     masks = [None, None, torch.tensor([False, True]), None, None]
@@ -332,58 +282,13 @@ def test_forward_state_equals_update_state_with_nan_inf_and_unset_pivots(strateg
         assert _equal_nan(fw._storage.local[k], up._storage.local[k]), k
 
 
-def test_scratch_ranges_equal_the_torch_ops():
-    """_C.scratch_ranges (forward's reset and fold on CPU) against the torch
-    ops it stands for, on NaN, Inf, signed zeros and non-zero reset values."""
-    from d9d_kernels import _C
-
-    gen = torch.Generator().manual_seed(0)
-    special = torch.tensor([float("nan"), float("inf"), float("-inf"), 0.0, -0.0, 1.5], dtype=torch.float64)
-
-    def values(n):
-        x = torch.randn(n, generator=gen, dtype=torch.float64)
-        pick = torch.rand(n, generator=gen) < 0.4
-        return torch.where(pick, special[torch.randint(0, 6, (n,), generator=gen)], x)
-
-    for kind, with_init, n in itertools.product((0, 1, 2), (False, True), (37, 200_003)):  # one task; several
-        state, scratch, init = values(n), values(n), values(n) if with_init else None
-        for fold in (False, True):
-            s_got, x_got = state.clone(), scratch.clone()
-            _C.scratch_ranges([(kind, s_got, x_got, init)], fold)
-            s_want, x_want = state.clone(), scratch.clone()
-            if not fold:
-                if kind == 2:
-                    x_want.copy_(s_want)
-                elif init is None:
-                    x_want.zero_()
-                else:
-                    x_want.copy_(init)
-            elif kind == 0:
-                s_want.add_(x_want if init is None else x_want - init)
-            elif kind == 1:
-                torch.maximum(s_want, x_want, out=s_want)
-            else:
-                s_want.copy_(x_want)
-            assert _equal_nan(s_got, s_want) and _equal_nan(x_got, x_want), (kind, with_init, n, fold)
-    ok = torch.zeros(4, dtype=torch.float64)
-    for bad, what in (((3, ok, ok.clone(), None), "kind 3"), ((0, ok, torch.zeros(4), None), "scratch"),
-                      ((0, ok, ok.clone(), torch.zeros(3, dtype=torch.float64)), "reset value"),
-                      ((0, torch.zeros(8, dtype=torch.float64)[::2], ok.clone(), None), "state")):
-        with pytest.raises(RuntimeError, match=f"scratch_ranges: argument 'ranges' holds .*{what}"):
-            _C.scratch_ranges([bad], True)
-
-
 @pytest.mark.parametrize("strategy", ["error", "propagate"])
-def test_forward_in_one_call_equals_the_python_steps(strategy, monkeypatch):
-    """PlanRunner.forward (reset, update, fold and batch values in one C++
-    call) against forward's Python steps: the same values and the same state
-    bits over forwards of a group and of its members mixed with updates, a
-    NaN batch, the confusion matrix, a new input signature (its first call
-    runs checked) and a member outside the group_values program (kappa: the
-    group's forward keeps the Python steps)."""
+def test_forward_state_equals_update_state_in_a_group(strategy):
+    """Forwards of a group and of its members mixed with updates leave the
+    state bits of the same updates: a NaN batch, a float64 batch (a new input
+    signature: its first call runs checked), the confusion matrix, a member
+    (kappa) whose statistic no other member shares."""
     kw = dict(task="multiclass", num_classes=C, nan_strategy=strategy)
-    ran = []  # (kappa, owner class) of each forward that took the one call
-    counted = _count_one_calls(monkeypatch, lambda owner, took: took and ran.append((kappa, type(owner).__name__)))
 
     def make(kappa):
         ms = {"loss": dk.WeightedMeanMetric(), "acc": dk.Accuracy(**kw), "top2": dk.Accuracy(**kw, top_k=2),
@@ -404,15 +309,17 @@ def test_forward_in_one_call_equals_the_python_steps(strategy, monkeypatch):
             x = torch.randn(n, generator=gen)
             w = 2.0 if step % 2 else torch.rand(n, generator=gen)
 
-            def call(g, out):
-                if step == 6:
+            def call(g, out, forward):
+                if step == 6 or not forward:
                     g.update(preds=p, target=t)
+                    g["loss"].update(x, weights=w)
+                    g["mx"].update(x)
                 else:
                     out.update(g(preds=p, target=t))
-                out["loss"] = g["loss"](x, weights=w)
-                out["mx"] = g["mx"](x)
+                    out["loss"] = g["loss"](x, weights=w)
+                    out["mx"] = g["mx"](x)
 
-            _fast_and_slow_step(monkeypatch, counted, fast, slow, call, (kappa, step))
+            _forward_and_update_step(fast, slow, call, (kappa, step))
         if strategy == "error":  # the NaN batch's count raises in both
             with pytest.raises(ValueError) as a:
                 fast.compute()
@@ -422,24 +329,16 @@ def test_forward_in_one_call_equals_the_python_steps(strategy, monkeypatch):
         else:
             for k in ("acc", "cm", "loss", "mx"):
                 assert _equal_nan(fast.compute()[k], slow.compute()[k]), k
-    # after the first call of each input signature; never the group with kappa routed
-    assert ran.count((False, "MetricGroup")) >= 2 and ran.count((True, "MetricGroup")) == 0, ran
-    assert ran.count((True, "WeightedMeanMetric")) >= 2 and ran.count((True, "MaxMetric")) >= 2, ran
 
 
-def test_one_call_forward_of_a_large_sparse_confusion_matrix(monkeypatch):
-    """The one-call forward folds and resets the scratch in one pass that
-    skips the blocks a small batch left at zero (most of a [C, C] matrix):
-    batch values and state bits equal forward's Python steps over forwards
-    of the group and of a member mixed with updates (the scratch protocol
-    between the two paths), and the matrices equal scikit-learn's."""
+def test_forward_of_a_large_confusion_matrix():
+    """Forward's reset and fold of a [C, C] matrix mixed with updates: batch
+    matrices and the accumulated one equal scikit-learn's, state bits equal
+    the same updates'."""
     from sklearn.metrics import confusion_matrix
 
     K = 100  # a 10 000-cell matrix: a batch of 5 rows leaves most 64-cell blocks at zero
     kw = dict(task="multiclass", num_classes=K)
-    took = []  # owner class of each forward that took the one call
-    counted = _count_one_calls(monkeypatch, lambda owner, ran: ran and took.append(type(owner).__name__))
-
     def make():
         return dk.MetricGroup({"cm": dk.ConfusionMatrix(**kw), "acc": dk.Accuracy(**kw), "loss": dk.WeightedMeanMetric()})
 
@@ -453,175 +352,19 @@ def test_one_call_forward_of_a_large_sparse_confusion_matrix(monkeypatch):
         seen_t.append(t)
         seen_p.append(p.argmax(1))
 
-        def call(g, out):
-            if step == 4:
+        def call(g, out, forward):
+            if step == 4 or not forward:
                 g.update(preds=p, target=t)
+                g["loss"].update(x)
             else:
                 out.update(g(preds=p, target=t))
                 ref = confusion_matrix(t.numpy(), p.argmax(1).numpy(), labels=list(range(K)))
                 np.testing.assert_array_equal(out["cm"].numpy(), ref)
-            out["loss"] = g["loss"](x)
+                out["loss"] = g["loss"](x)
 
-        _fast_and_slow_step(monkeypatch, counted, fast, slow, call, (step,))
+        _forward_and_update_step(fast, slow, call, (step,))
     ref = confusion_matrix(torch.cat(seen_t).numpy(), torch.cat(seen_p).numpy(), labels=list(range(K)))
     np.testing.assert_array_equal(fast.compute()["cm"].numpy(), ref)
-    # after the first call of each of the 3 input signatures: the one call
-    assert took.count("MetricGroup") >= 3 and took.count("WeightedMeanMetric") >= 4, took
-
-
-def test_forward_in_one_call_that_raises_leaves_the_state_and_resets_every_range(monkeypatch):
-    """An error inside PlanRunner.forward (after its scratch writes) leaves
-    the state as it was, and the next forward resets every scratch range."""
-    _no_steady_state(monkeypatch)  # the runner is replaced below; the steady state reaches it by its capsule
-    kw = dict(task="multiclass", num_classes=C)
-    make = lambda: dk.MetricGroup({"acc": dk.Accuracy(**kw), "cm": dk.ConfusionMatrix(**kw)})  # noqa: E731
-    g, twin = make(), make()
-    gen = torch.Generator().manual_seed(3)
-    batches = [(torch.randn(12, C, generator=gen), torch.randint(0, C, (12,), generator=gen)) for _ in range(3)]
-    for m in (g, twin):
-        m(preds=batches[0][0], target=batches[0][1])
-        m(preds=batches[0][0], target=batches[0][1])  # a known signature: the one-call path from here
-    st = g._storage
-    runner = st.compiled[id(g)].scratch[2]
-    real = runner.runner
-
-    class Raising:
-        def forward(self, args, kwargs, reset, select):
-            for b in st.scratch.values():
-                b.fill_(7.0)  # what a failing op may have written
-            raise RuntimeError("kernel failed")
-
-    before = {k: v.clone() for k, v in st.local.items()}
-    runner.runner = Raising()
-    with pytest.raises(RuntimeError, match="kernel failed"):
-        g(preds=batches[1][0], target=batches[1][1])
-    runner.runner = real
-    assert all(torch.equal(st.local[k], before[k]) for k in before)
-    covered = sum(r[2].numel() for r in st.scratch_dirty.ranges if r[0] == "sum")
-    assert covered == st.layout.sizes["sum"]  # every statistic's range, not only the signature's
-    got, want = g(preds=batches[2][0], target=batches[2][1]), twin(preds=batches[2][0], target=batches[2][1])
-    for k in want:
-        assert torch.equal(got[k], want[k]), k
-    assert all(torch.equal(st.local[k], twin._storage.local[k]) for k in before)
-
-
-def test_forward_steady_state_runs_only_on_a_valid_shortcut(monkeypatch):
-    """compiled.fast_forward (a forward in one C++ call on the shortcut the
-    last one-call forward of the same input names left) gives the Python
-    steps' values and state bits, for a group's positional inputs too; it returns None with the state and the
-    scratch untouched for other input names, inside a forward, after a
-    Python-path forward of a member moved the scratch on, with a new fused
-    plan, after .to() dropped the runners, and for an unmatched signature;
-    an error inside it leaves the state and marks every scratch range for
-    reset; its argument errors are TypeError."""
-    if compiled.fast_forward is compiled._no_shortcut:
-        pytest.skip("extension without fast_forward")
-    from d9d_kernels.core.metric import FUSED
-
-    kw = dict(task="multiclass", num_classes=C)
-    make = lambda: dk.MetricGroup({"acc": dk.Accuracy(**kw), "cm": dk.ConfusionMatrix(**kw),  # noqa: E731
-                                   "loss": dk.WeightedMeanMetric()})
-    g, twin = make(), make()
-    gen = torch.Generator().manual_seed(11)
-
-    def batch(n=13):
-        return dict(preds=torch.randn(n, C, generator=gen), target=torch.randint(0, C, (n,), generator=gen))
-
-    def python_steps(b, twin=twin):  # the twin's forward, never the one call
-        monkeypatch.setitem(FUSED, "forward", lambda *a: None)
-        try:
-            return twin(**b)
-        finally:
-            monkeypatch.undo()
-
-    def same_state():
-        return all(_equal_nan(g._storage.local[k], twin._storage.local[k]) for k in g._storage.local)
-
-    for _ in range(2):  # the first forward runs the Python steps, the second the one call: it leaves the shortcut
-        b = batch()
-        g(**b), python_steps(b)
-    st = g._storage
-    cut = st.compiled[id(g)].shortcuts[frozenset(b)]
-    assert isinstance(cut, compiled.ForwardShortcut) and cut.dirty is st.scratch_dirty
-
-    b = batch()
-    st.dirty = False
-    got, want = compiled.fast_forward(g, (), b), python_steps(b)
-    assert st.dirty is True and list(got) == list(want) == ["acc", "cm"]
-    assert all(torch.equal(got[k], want[k]) for k in want) and same_state()
-    # a group's positional inputs are named first, then take it too (from the third forward on)
-    pos, pos_twin = (dk.MetricGroup({"acc": dk.Accuracy(**kw), "cm": dk.ConfusionMatrix(**kw)}) for _ in range(2))
-    with pytest.MonkeyPatch.context() as mp:
-        took = []
-        _count_one_calls(mp, lambda owner, ran: ran and took.append(owner))
-        for _ in range(3):
-            b = batch()
-            got, want = pos(b["preds"], b["target"]), python_steps(b, pos_twin)
-            assert all(torch.equal(got[k], want[k]) for k in want)
-    assert took == [pos]
-    assert all(_equal_nan(pos._storage.local[k], pos_twin._storage.local[k]) for k in pos._storage.local)
-
-    def not_taken(owner, args, kwargs):
-        st = owner._storage
-        local = {k: v.clone() for k, v in st.local.items()}
-        scratch = {k: v.clone() for k, v in (st.scratch or {}).items()}
-        assert compiled.fast_forward(owner, args, kwargs) is None
-        assert all(_equal_nan(st.local[k], local[k]) for k in local)
-        assert all(_equal_nan(st.scratch[k], scratch[k]) for k in scratch)
-
-    b = batch()
-    not_taken(g, (), dict(preds=b["preds"]))  # other input names: no shortcut
-    not_taken(g, (), dict(b, preds=b["preds"].double()))  # no signature matches
-    st.forward_begin()  # a forward runs
-    try:
-        not_taken(g, (), b)
-    finally:
-        st.forward_end(fold=False)
-    plan = g.__dict__["_fused_plan"]
-    g.__dict__["_fused_plan"] = object()  # a new fused plan
-    try:
-        not_taken(g, (), b)
-    finally:
-        g.__dict__["_fused_plan"] = plan
-    got, want = g(**b), python_steps(b)  # still valid: the steady state
-    assert all(torch.equal(got[k], want[k]) for k in want) and same_state()
-
-    # a member's forward through the Python steps moves the scratch on
-    x = torch.randn(5, generator=gen)
-    monkeypatch.setitem(FUSED, "forward", lambda *a: None)
-    _no_steady_state(monkeypatch)
-    g["loss"](x), twin["loss"](x)
-    monkeypatch.undo()
-    b = batch()
-    not_taken(g, (), b)
-    got, want = g(**b), python_steps(b)
-    assert all(torch.equal(got[k], want[k]) for k in want) and same_state()
-
-    # an error inside the call: nothing folded, every range reset by the next forward
-    b = batch()
-    g(**b), python_steps(b)  # the shortcut again
-    shortcuts = st.compiled[id(g)].shortcuts
-    cut = shortcuts[frozenset(b)]
-    shortcuts[frozenset(b)] = cut._replace(select=[("acc", 99)])
-    local = {k: v.clone() for k, v in st.local.items()}
-    with pytest.raises(RuntimeError, match="value index 99 outside"):
-        compiled.fast_forward(g, (), b)
-    assert all(_equal_nan(st.local[k], local[k]) for k in local) and st.scratch_dirty is cut.all_dirty
-    b = batch()
-    got, want = g(**b), python_steps(b)
-    assert all(torch.equal(got[k], want[k]) for k in want) and same_state()
-
-    for m in (g, twin):  # .to() drops the runners: not taken until a one call leaves a new shortcut
-        m.to("cpu")
-    not_taken(g, (), b)
-    for _ in range(3):
-        b = batch()
-        got, want = g(**b), python_steps(b)
-        assert all(torch.equal(got[k], want[k]) for k in want) and same_state()
-    with pytest.raises(TypeError, match="fast_forward"):
-        compiled.fast_forward(g, [], b)
-    with pytest.raises(TypeError, match="fast_forward"):
-        compiled.fast_forward(g, ())
 
 
 def test_forward_interleaved_with_update_planned_and_no_new_allocation():
@@ -633,7 +376,7 @@ def test_forward_interleaved_with_update_planned_and_no_new_allocation():
     for i, (p, t) in enumerate(_batches("multiclass", 6, 8)):
         if i % 2:
             a(preds=p, target=t)
-            ptrs.add(a._storage.scratch["sum"].data_ptr())
+            ptrs.add(a._storage.scratch.bufs["sum"].data_ptr())
         else:
             a.update(preds=p, target=t)
         a["loss"](p.mean(), weights=float(len(t)))
@@ -715,41 +458,3 @@ def test_first_forward_inside_inference_mode_then_outside():
             _close(g(preds=p, target=t)["acc"], ref(p, t), 1e-6, f"acc batch {i}")
             _close(g["loss"](p.double().mean()), ref_loss(p.double().mean()), 1e-12, f"loss batch {i}")
     _close(g.compute()["acc"], ref.compute(), 1e-6, "acc total")
-
-
-def test_forward_in_one_call_returns_the_routed_members_under_their_keys(monkeypatch):
-    """The one-call forward makes tensors only for the members the inputs
-    were routed to, under their prefixed/postfixed keys, each a new tensor
-    equal to the Python steps' value; a select that names no value raises
-    before anything is touched."""
-    from d9d_kernels.core.metric import FUSED
-
-    kw = dict(task="multiclass", num_classes=C)
-    make = lambda: dk.MetricGroup({"loss": dk.WeightedMeanMetric(), "acc": dk.Accuracy(**kw),  # noqa: E731
-                                   "cm": dk.ConfusionMatrix(**kw)}, prefix="train/", postfix="_b")
-    fast, slow = make(), make()
-    calls = []  # per forward of `fast`: whether it took the one call
-    counted = _count_one_calls(monkeypatch, lambda owner, took: calls.append(took))
-    gen = torch.Generator().manual_seed(5)
-    for step in range(4):
-        p, t = torch.randn(11, C, generator=gen), torch.randint(0, C, (11,), generator=gen)
-        monkeypatch.setitem(FUSED, "forward", counted)
-        got = fast(preds=p, target=t)
-        monkeypatch.setitem(FUSED, "forward", lambda *a: None)
-        want = slow(preds=p, target=t)
-        assert list(got) == list(want) == ["train/acc_b", "train/cm_b"]
-        for k in want:
-            assert torch.equal(got[k], want[k]), (step, k)
-        assert got["train/acc_b"].untyped_storage().data_ptr() == got["train/cm_b"].untyped_storage().data_ptr()
-        assert all(got[k].untyped_storage().data_ptr() != b.untyped_storage().data_ptr()
-                   for k in got for b in fast._storage.scratch.values())
-    assert calls[-2:] == [True, True], calls
-    st = fast._storage
-    runner = st.compiled[id(fast)].scratch[2].runner
-    before = {k: v.clone() for k, v in st.local.items()}
-    scratch = {k: v.clone() for k, v in st.scratch.items()}
-    for bad in (9, -1, 2**70):
-        with pytest.raises(RuntimeError, match="value index -?[0-9]+ outside the 3 values"):
-            runner.forward((), dict(preds=p, target=t), st.scratch_dirty.reset, [("x", bad)])
-    assert all(_equal_nan(st.local[k], before[k]) for k in before)
-    assert all(_equal_nan(st.scratch[k], scratch[k]) for k in scratch)

@@ -356,7 +356,7 @@ def test_mismatch_message_caps_listed_ranks_at_large_worlds():
     W = 131072
     a = json.dumps([["MetricGroup['acc']", {"class": "Accuracy", "num_classes": "5"}]])
     b = json.dumps([["MetricGroup['acc']", {"class": "Accuracy", "num_classes": "6"}]])
-    msg = metric_mod.explain_members([(list(range(0, W, 2)), a), (list(range(1, W, 2)), b)])
+    msg = dk.distributed.explain_members([(list(range(0, W, 2)), a), (list(range(1, W, 2)), b)])
     assert msg == ("MetricGroup['acc']: num_classes 5 on ranks [0, 2, 4, 6, 8, 10, 12, 14, ... (65,536 ranks)] "
                    "vs 6 on ranks [1, 3, 5, 7, 9, 11, 13, 15, ... (65,536 ranks)]")
     assert fmt_ranks([3, 1]) == "[3, 1]"

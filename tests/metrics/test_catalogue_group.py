@@ -103,7 +103,7 @@ def test_binary_histogram_and_moments_statistics_are_shared(monkeypatch):
     })
     g.update(preds=torch.rand(50), target=torch.randint(0, 2, (50,)))
     assert len(b_calls) == 1 and len(h_calls) == 1
-    r = dk.MetricGroup({n: dk.metrics.catalogue.__dict__[n]() for n in
+    r = dk.MetricGroup({n: getattr(dk, n)() for n in
                         ["MeanSquaredError", "MeanAbsoluteError", "R2Score", "PearsonCorrCoef", "ExplainedVariance"]})
     r.update(preds=torch.randn(20), target=torch.randn(20), weights=torch.rand(20))
     assert len(m_calls) == 1

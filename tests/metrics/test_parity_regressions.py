@@ -2,9 +2,8 @@
 
 Every expected value comes from torchmetrics and/or scikit-learn on the same
 inputs, never from d9d_kernels. Each case is checked on ``compute()``, a
-``MetricGroup``'s ``compute()``, ``forward`` and ``compute_to_host()``,
-which run different code (the group_values program, the fused torch
-families, the metric's own ``_compute``).
+``MetricGroup``'s ``compute()``, ``forward`` and ``compute_to_host()``
+(one formula, the metric's own ``_compute``, reached four ways).
 """
 
 from __future__ import annotations

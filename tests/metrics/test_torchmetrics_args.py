@@ -94,16 +94,13 @@ def test_zero_division_matches_torchmetrics(name, task, average, zd):
 
 
 @pytest.mark.parametrize("zd", [1, NAN], ids=["1", "nan"])
-def test_zero_division_in_a_group_fused_compute_and_forward(zd):
-    """Members with zero_division != 0 leave the compiled group_values program
-    (its 0/0 is 0.0) for the torch formulas; with members on it in the same
-    group, compute(), compute_to_host() and forward give torchmetrics' values."""
-    from d9d_kernels.metrics.formulas import fused
-
+def test_zero_division_in_a_group_compute_and_forward(zd):
+    """Members with zero_division != 0 beside members with the default in one
+    group: compute(), compute_to_host() and forward give torchmetrics' values."""
     members = {f"{n}_{a}": (n, a) for n in ZD_METRICS for a in ("micro", "macro", "weighted")}
     g = dk.MetricGroup({
         **{k: _ours(n, "multiclass", a, zd) for k, (n, a) in members.items()},
-        "acc": dk.Accuracy(task="multiclass", num_classes=C),  # on the compiled program
+        "acc": dk.Accuracy(task="multiclass", num_classes=C),
         "p0": dk.Precision(task="multiclass", num_classes=C, average="macro"),
     })
     batches = [_classification_data("multiclass", s, True) for s in (3, 4)]
@@ -119,8 +116,6 @@ def test_zero_division_in_a_group_fused_compute_and_forward(zd):
         _close(batch_vals[k], _theirs(n, "multiclass", a, zd)(*batches[1]), msg=f"forward {k}")
     _close(out["acc"], tmc.MulticlassAccuracy(num_classes=C, average="micro")(p, t))
     _close(out["p0"], tmc.MulticlassPrecision(num_classes=C, average="macro")(p, t))
-    plan = fused._plan(g)
-    assert {"acc", "p0"} <= set(plan.native) and not set(members) & set(plan.native)
     # standalone compute() takes the same formula
     solo = _ours("Precision", "multiclass", "macro", zd)
     solo.update(p, t)

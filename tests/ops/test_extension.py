@@ -156,7 +156,7 @@ _GROUP_STEPS = (
 )
 
 
-def _check_group_values(got: dict, want: dict) -> None:
+def _check_values(got: dict, want: dict) -> None:
     assert set(got) == set(want) | {"auroc"} or set(got) == set(want)
     for k, v in want.items():
         tol = 2e-3 if k == "auroc" else 1e-9  # AUROC: 4096-bin histogram vs exact sklearn
@@ -175,7 +175,7 @@ def test_metric_group_planned_updates_without_compiled_extension():
     )
     got, want, hidden, backends = json.loads(out.strip().splitlines()[-1])
     assert hidden and "cpp" not in backends
-    _check_group_values(got, want)
+    _check_values(got, want)
 
 
 def test_planned_updates_run_the_reference_when_cpp_is_unavailable(monkeypatch):
@@ -194,7 +194,7 @@ def test_planned_updates_run_the_reference_when_cpp_is_unavailable(monkeypatch):
         monkeypatch.setattr(reference, op, spy)
     ns: dict = {}
     exec(_GROUP_STEPS, ns)
-    _check_group_values(ns["got"], ns["want"])
+    _check_values(ns["got"], ns["want"])
     # every member update of every step ran the reference (checked and planned calls alike)
     assert calls == {"running_extrema": 12, "weighted_moments": 12, "class_stats": 12, "binary_stats": 6,
                      "score_histogram": 6}, calls

@@ -33,9 +33,7 @@ def safe_div(num: torch.Tensor, den: torch.Tensor, zero_division: float = 0.0) -
     """``num / den`` with ``zero_division`` where ``den == 0`` (no NaN, no host sync)."""
     num = torch.as_tensor(num, dtype=torch.float64)
     den = torch.as_tensor(den, dtype=torch.float64, device=num.device)
-    nz = den != 0
-    out = num / torch.where(nz, den, torch.ones_like(den))
-    return torch.where(nz, out, torch.full_like(out, zero_division))
+    return torch.where(den != 0, num / den, zero_division)  # the quotient's 0/0 and x/0 are never selected
 
 
 def _average(score, tp, fp, fn, average: str, multilabel: bool, top_k: int = 1) -> torch.Tensor:
@@ -47,8 +45,7 @@ def _average(score, tp, fp, fn, average: str, multilabel: bool, top_k: int = 1) 
     else:
         weights = torch.ones_like(score)
         if not multilabel:
-            absent = (tp + fp + fn == 0) if top_k == 1 else (tp + fn == 0)
-            weights = torch.where(absent, torch.zeros_like(weights), weights)
+            weights = (((tp + fp + fn) if top_k == 1 else (tp + fn)) != 0).to(score.dtype)
     return safe_div((weights * score).sum(-1), weights.sum(-1))
 
 

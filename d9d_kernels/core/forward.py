@@ -1,0 +1,126 @@
+"""Forward: an update on a scratch copy of the state, folded in after.
+
+``forward`` must return the batch's own value, so the update runs on a
+``Scratch`` copy of the storage's buffers (reset; REPLICA slots copied from
+the state, so batch moments share the state's pivots), then the ranges of
+the statistics it ran are folded into the state: SUM added, MAX maxed (the
+kernels' ``nan_maximum``: NaN wins, a tie takes the batch's), REPLICA
+copied. The REPLICA copy is the direct update's result: an update only sets
+*unset* values (a pivot is set from the first valid element, then fixed),
+and a statistic with an unset pivot holds sums about 0 (zero, or already
+non-finite), exactly what the kernel would have added to on the state.
+
+The scratch is allocated at the first forward of a storage and kept reset
+between forwards by re-filling only the ranges the last forward wrote: a
+forward allocates nothing, and a small member's forward never touches a
+large confusion matrix elsewhere in the group.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import torch
+
+from d9d_kernels.core.statistic import KINDS, MAX, REPLICA, SUM
+
+__all__ = ["Scratch", "run"]
+
+
+def run(st, update: Callable[[], None]) -> list[dict[str, torch.Tensor]]:
+    """Runs ``update`` on ``st``'s scratch and folds what it wrote into the
+    state (not when it raises: the state stays as it was); returns the
+    scratch views (the batch's state), valid until the next forward."""
+    sc = st.scratch
+    if sc is None:
+        sc = st.scratch = Scratch(st)
+    sc.begin(st)
+    ok = False
+    try:
+        update()
+        ok = True
+    finally:
+        sc.end(st, fold=ok)
+    return sc.views
+
+
+class Scratch:
+    """The batch's copy of a storage's buffers: ``bufs`` (per kind), their
+    ``views`` (per statistic) and the ranges the last forward wrote (``dirty``)."""
+
+    def __init__(self, st):
+        try:
+            # normal tensors even inside torch.inference_mode(): a later
+            # forward outside it writes them in place
+            with torch.inference_mode(False):
+                self.bufs = {k: v.clone() for k, v in st.init.items()}
+                self.views = [st.layout.views(self.bufs, j) for j in range(len(st.layout.stats))]
+        except (MemoryError, torch.OutOfMemoryError, RuntimeError) as e:
+            from d9d_kernels.core.storage import format_bytes
+
+            raise ValueError(
+                f"{st.label}: forward() needs one more copy of the state ({format_bytes(st.layout.state_bytes())} "
+                f"of float64) for the batch, and allocating it on {st.device} failed: {e}; use update() and "
+                "compute() instead"
+            ) from None
+        self._cache: dict = {}  # frozenset of statistics -> their ranges
+        self.dirty = self.ranges(st, frozenset())  # a fresh copy of the reset values: the REPLICA copy only
+        self.saved = None  # the storage's local views while a forward runs
+
+    def begin(self, st) -> None:
+        """Resets what the last forward wrote and points the update at the scratch."""
+        if self.saved is not None:
+            raise RuntimeError(f"{st.label}: forward() called while another forward of the same storage runs")
+        for kind, _, scr, init in self.dirty:
+            if kind != REPLICA:
+                if init is None:
+                    scr.zero_()
+                else:
+                    scr.copy_(init)
+        if st.layout.sizes[REPLICA]:
+            self.bufs[REPLICA].copy_(st.local[REPLICA])
+        st.touched = set()
+        self.saved, st.local_views = st.local_views, self.views
+
+    def end(self, st, fold: bool) -> None:
+        """Restores the local views and, with ``fold``, folds the ranges of
+        the statistics the update ran into the state."""
+        st.local_views, self.saved = self.saved, None
+        ranges = self.dirty = self.ranges(st, frozenset(st.touched))
+        st.touched = None
+        if not fold:
+            return
+        for kind, loc, scr, init in ranges:
+            if kind == SUM:
+                loc.add_(scr if init is None else scr - init)  # non-zero reset values: the batch's part only
+            elif kind == MAX:
+                loc.copy_(torch.where((loc > scr) | loc.isnan(), loc, scr))
+            else:
+                loc.copy_(scr)
+        st.dirty = True
+
+    def ranges(self, st, js: frozenset) -> tuple:
+        """``(kind, state view, scratch view, reset values or None)`` per
+        contiguous range of the statistics ``js`` (a statistic's slots of one
+        kind are adjacent; adjacent statistics merge into one range)."""
+        hit = self._cache.get(js)
+        if hit is not None:
+            return hit
+        out = []
+        for kind in KINDS:
+            spans = []
+            for j in sorted(js):
+                offs = [(o, math.prod(s.shape)) for s, o in st.layout.placed[j] if s.kind == kind]
+                if offs:
+                    a, b = min(o for o, _ in offs), max(o + n for o, n in offs)
+                    if spans and spans[-1][1] == a:
+                        spans[-1][1] = b
+                    else:
+                        spans.append([a, b])
+            out += [(kind, a, b) for a, b in spans if b > a]
+        with torch.inference_mode(False):  # cached views: usable in and outside inference mode
+            hit = self._cache[js] = tuple(
+                (kind, st.local[kind][a:b], self.bufs[kind][a:b], None if st.layout.zero_init[kind] else st.init[kind][a:b])
+                for kind, a, b in out)
+        return hit
