@@ -33,11 +33,11 @@ import sys
 from pathlib import Path
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import d9d_kernels as dk  # noqa: E402
+from d9d_kernels.core.plan import _Recorder as Recorder  # noqa: E402  (what an update plan is recorded from)
 from bench_update import interleaved  # noqa: E402
 from harness import git_sha  # noqa: E402
 
@@ -115,22 +115,9 @@ def make(name: str, made: dict):
     raise SystemExit(f"bench_catalogue: no case for {name}; add one to cases()")
 
 
-class Recorder(TorchDispatchMode):
-    """Records every dispatched op call (func, args, kwargs)."""
-
-    def __init__(self):
-        super().__init__()
-        self.calls = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        self.calls.append((func, args, kwargs))
-        return func(*args, **kwargs)
-
-
 def replay(calls):
     def run():
-        for func, args, kwargs in calls:
+        for func, args, kwargs, _ in calls:
             func(*args, **kwargs)
 
     return run

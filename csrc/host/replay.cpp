@@ -12,8 +12,6 @@
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 
-#include <cmath>
-#include <string>
 #include <vector>
 
 namespace d9d {

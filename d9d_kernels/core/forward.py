@@ -18,12 +18,12 @@ large confusion matrix elsewhere in the group.
 
 from __future__ import annotations
 
-import math
 from typing import Callable
 
 import torch
 
 from d9d_kernels.core.statistic import KINDS, MAX, REPLICA, SUM
+from d9d_kernels.core.storage import format_bytes, numel
 
 __all__ = ["Scratch", "run"]
 
@@ -57,8 +57,6 @@ class Scratch:
                 self.bufs = {k: v.clone() for k, v in st.init.items()}
                 self.views = [st.layout.views(self.bufs, j) for j in range(len(st.layout.stats))]
         except (MemoryError, torch.OutOfMemoryError, RuntimeError) as e:
-            from d9d_kernels.core.storage import format_bytes
-
             raise ValueError(
                 f"{st.label}: forward() needs one more copy of the state ({format_bytes(st.layout.state_bytes())} "
                 f"of float64) for the batch, and allocating it on {st.device} failed: {e}; use update() and "
@@ -111,7 +109,7 @@ class Scratch:
         for kind in KINDS:
             spans = []
             for j in sorted(js):
-                offs = [(o, math.prod(s.shape)) for s, o in st.layout.placed[j] if s.kind == kind]
+                offs = [(o, numel(s.shape)) for s, o in st.layout.placed[j] if s.kind == kind]
                 if offs:
                     a, b = min(o for o, _ in offs), max(o + n for o, n in offs)
                     if spans and spans[-1][1] == a:

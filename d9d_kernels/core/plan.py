@@ -42,7 +42,7 @@ def input_key(owner: int, args: tuple, kwargs: dict) -> tuple | None:
     for v in (*args, *kwargs.values()):
         if isinstance(v, torch.Tensor):
             key.append((v.shape, v.dtype, v.device))
-        elif v is None or isinstance(v, (int, float)):  # not numbers.Real: an ABC check costs a tenth of a replay
+        elif v is None or isinstance(v, (int, float)):  # concrete types: an ABC isinstance is slow on this per-call path
             key.append(type(v))
         else:
             return None

@@ -230,12 +230,6 @@ class Storage:
             return self.synced_views
         return self.local_views
 
-    def current_buffers(self) -> dict[str, torch.Tensor]:
-        """The flat buffers (per kind) ``current_views()`` point into."""
-        if self.synced_views is not None and not self.dirty:
-            return self.synced
-        return self.local
-
     def run(self, items: list[tuple[int, dict]]) -> None:
         done = set()
         touched = self.touched
