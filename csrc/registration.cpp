@@ -31,3 +31,68 @@ TORCH_LIBRARY(d9d_kernels, m) {
   // folded into rows [n, 4], csrc/cpu/linear_logits.cpp.
   m.def("linear_logits_block(Tensor z, Tensor zt, Tensor tloc, int c0, bool sumexp, Tensor(a!) rows) -> ()");
 }
+
+// Meta: each op's argument checks alone (csrc/kernels/*_checks.h, the ones the
+// CPU and CUDA entry points run first). FakeTensor and torch.compile run
+// these, and dk.ops runs them before a Triton or PyTorch-reference backend, so
+// every backend refuses the same arguments with the same message. The ops
+// write in place and return nothing: checking is all a meta kernel does.
+#include "kernels/binary_checks.h"
+#include "kernels/class_stats_checks.h"
+#include "kernels/running_extrema_checks.h"
+#include "kernels/weighted_moments_checks.h"
+
+namespace d9d {
+namespace {
+
+using OptTensor = std::optional<at::Tensor>;
+
+void weighted_moments_meta(const at::Tensor& x, const OptTensor& y, const OptTensor& weights, const OptTensor& mask,
+                           bool, const at::Tensor& state, const at::Tensor& bad, const OptTensor& pivot) {
+  check_weighted_moments(x, y, weights, mask, state, bad, pivot);
+}
+
+void class_stats_meta(const at::Tensor& preds, const at::Tensor& target, const OptTensor& mask, int64_t num_classes,
+                      std::optional<int64_t>, at::IntArrayRef top_ks, bool nll, const at::Tensor& stats,
+                      const OptTensor& confmat, const at::Tensor& extras, const at::Tensor& bad) {
+  check_class_stats(preds, target, mask, num_classes, top_ks, nll, stats, confmat, extras, bad);
+}
+
+void binary_stats_meta(const at::Tensor& preds, const at::Tensor& target, const OptTensor& mask, double,
+                       std::optional<int64_t>, int64_t input_kind, const at::Tensor& state, const at::Tensor& bad) {
+  check_binary_stats(preds, target, mask, input_kind, state, bad);
+}
+
+void score_histogram_meta(const at::Tensor& preds, const at::Tensor& target, const OptTensor& mask,
+                          std::optional<int64_t>, int64_t input_kind, bool multiclass, const at::Tensor& hist,
+                          const at::Tensor& bad) {
+  check_score_histogram(preds, target, mask, input_kind, multiclass, hist, bad);
+}
+
+void running_extrema_meta(const at::Tensor& x, const OptTensor& mask, bool, const at::Tensor& state,
+                          const at::Tensor& bad) {
+  check_running_extrema(x, mask, state, bad);
+}
+
+// The internal ops are called only by library code that shapes their
+// arguments itself: shape-free meta kernels.
+void vocab_partials_meta(const at::Tensor&, const at::Tensor&, int64_t, int64_t, bool, const at::Tensor&) {}
+void vocab_class_stats_meta(const at::Tensor&, const at::Tensor&, const OptTensor&, std::optional<int64_t>,
+                            const OptTensor&, int64_t, at::IntArrayRef, bool, bool, const at::Tensor&,
+                            const at::Tensor&, const at::Tensor&, const OptTensor&) {}
+void linear_logits_block_meta(const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t, bool,
+                              const at::Tensor&) {}
+
+}  // namespace
+}  // namespace d9d
+
+TORCH_LIBRARY_IMPL(d9d_kernels, Meta, m) {
+  m.impl("weighted_moments", &d9d::weighted_moments_meta);
+  m.impl("class_stats", &d9d::class_stats_meta);
+  m.impl("binary_stats", &d9d::binary_stats_meta);
+  m.impl("score_histogram", &d9d::score_histogram_meta);
+  m.impl("running_extrema", &d9d::running_extrema_meta);
+  m.impl("vocab_partials", &d9d::vocab_partials_meta);
+  m.impl("vocab_class_stats", &d9d::vocab_class_stats_meta);
+  m.impl("linear_logits_block", &d9d::linear_logits_block_meta);
+}

@@ -5,9 +5,8 @@ nothing. ``backends()`` lists what can run here; ``backend=`` or the
 ``D9D_KERNELS_BACKEND`` environment variable forces one.
 
 Besides the checked wrappers (one per op), the op layer exports what the
-metric catalogue builds on: ``raw(op, device)`` (the unchecked
-implementation a wrapper would run, with or without the compiled
-extension), ``backend_for(op, device)`` (which backend a call would take),
+metric catalogue builds on: ``raw(op, device)`` (the implementation a wrapper
+runs, without its conversions), ``backend_for(op, device)`` (which backend a call would take),
 ``FLOATS`` (the floating dtypes the kernels read), ``OPS``, ``BACKENDS``,
 ``as_index`` (class indices from any real tensor), ``vocab_partials`` (the
 compiled per-row partials of a vocab-parallel shard) and ``linear_logits``
@@ -18,7 +17,6 @@ Triton backends only, not in ``OPS``).
 import torch
 
 from d9d_kernels._extension import OPS
-from d9d_kernels.ops import _fake  # noqa: F401  (register_fake of the compiled ops)
 from d9d_kernels.ops._common import FLOATS
 from d9d_kernels.ops._common import as_index as _as_index
 from d9d_kernels.ops._dispatch import BACKENDS, backends, pick, raw
@@ -35,7 +33,7 @@ def as_index(t, op: str = "class_stats", arg: str = "preds"):
     """``t`` as int64 class indices on its device: floating values that are not
     whole numbers become an index out of range for every op (counted as bad by
     the kernels, never truncated). ``op``/``arg`` name the input in errors."""
-    return _as_index(op, arg, t, t.device if isinstance(t, torch.Tensor) else torch.device("cpu"))
+    return _as_index(op, arg, t)
 
 
 def backend_for(op: str, device: torch.device, backend: str | None = None) -> str:

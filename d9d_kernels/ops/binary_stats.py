@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from d9d_kernels import reference
-from d9d_kernels.ops._common import FLOATS, as_float, as_index, check, check_mask, check_state, fail
+from d9d_kernels.ops._common import FLOATS, as_index, as_real, broadcast, same_shape
 from d9d_kernels.ops._dispatch import run
 
 OP = "binary_stats"
@@ -48,22 +48,13 @@ def binary_stats(
         >>> st.tolist()  # tp, fp, tn, fn
         [[1.0, 1.0, 1.0, 0.0]]
     """
-    check(isinstance(preds, torch.Tensor), OP, "preds", "must be a torch.Tensor", TypeError)
-    dev = preds.device
-    is_float = preds.dtype in FLOATS
-    preds = as_float(OP, "preds", preds, dev)
-    if not is_float:
-        input_kind = reference.INPUT_PROBS
-    target = as_index(OP, "target", target, dev)
-    if not (preds.shape == target.shape):
-        fail(OP, "target", f"must have the shape of preds {tuple(preds.shape)}, got {tuple(target.shape)}")
-    if not (input_kind in (0, 1, 2)):
-        fail(OP, "input_kind", f"must be 0 (probs), 1 (logits) or 2 (auto), got {input_kind!r}")
+    preds = as_real(OP, "preds", preds)
+    if preds.dtype not in FLOATS:  # 0/1 values: probabilities
+        preds, input_kind = preds.to(torch.float64), reference.INPUT_PROBS
+    target = as_index(OP, "target", target)
+    same_shape(OP, "target", target, preds.shape, "preds")
+    mask = broadcast(OP, "mask", mask, target.shape)
     n_lab = 1 if preds.dim() <= 1 else preds.shape[-1]
-    mask = check_mask(OP, mask, target.shape, dev)
-    check_state(OP, "state", state, (n_lab, 4), dev)
-    check_state(OP, "bad", bad, (2,), dev)
-    preds = preds.reshape(-1, n_lab)
-    target = target.reshape(-1, n_lab)
+    preds, target = preds.reshape(-1, n_lab), target.reshape(-1, n_lab)
     mask = None if mask is None else mask.reshape(-1, n_lab)
-    run(OP, dev, backend, preds, target, mask, float(threshold), ignore_index, int(input_kind), state, bad)
+    run(OP, preds.device, backend, preds, target, mask, float(threshold), ignore_index, int(input_kind), state, bad)

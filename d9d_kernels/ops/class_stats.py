@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from d9d_kernels.ops._common import FLOATS, as_index, check, check_mask, check_state, fail
+from d9d_kernels.ops._common import FLOATS, as_index, as_real, broadcast, fail, same_shape
 from d9d_kernels.ops._dispatch import run
 
 OP = "class_stats"
@@ -63,36 +63,21 @@ def class_stats(
     """
     if not (isinstance(num_classes, int) and num_classes >= 1):
         fail(OP, "num_classes", f"must be an int >= 1, got {num_classes!r}")
-    check(isinstance(preds, torch.Tensor), OP, "preds", "must be a torch.Tensor", TypeError)
-    dev = preds.device
-    target = as_index(OP, "target", target, dev)
-    C = num_classes
-    scores = preds.dtype in FLOATS
-    if scores:
-        if tuple(preds.shape) != tuple(target.shape) + (C,):
-            fail(OP, "preds", f"scores must have shape target.shape + (num_classes,) = {tuple(target.shape) + (C,)}, got {tuple(preds.shape)}")
+    preds = as_real(OP, "preds", preds)
+    target = as_index(OP, "target", target)
+    C, n = num_classes, target.numel()
+    if preds.dtype in FLOATS:  # scores [..., C]: the rows are flattened
+        if preds.shape != target.shape + (C,):
+            fail(OP, "preds", f"scores must have shape target.shape + (num_classes,) = {tuple(target.shape) + (C,)}, "
+                 f"got {tuple(preds.shape)}")
+        preds = preds.reshape(n, C)
     else:
-        if preds.is_complex() or preds.dtype == torch.bool:
+        if preds.dtype == torch.bool:
             fail(OP, "preds", f"must be integer indices or floating scores, got {preds.dtype}", TypeError)
-        if not (tuple(preds.shape) == tuple(target.shape)):
-            fail(OP, "preds", f"indices must have the shape of target {tuple(target.shape)}, got {tuple(preds.shape)}")
-        preds = preds.to(torch.int64)
-    top_ks = [int(k) for k in top_ks]
-    if not ((len(top_ks) >= 1 or (nll and scores)) and len(set(top_ks)) == len(top_ks)):
-        fail(OP, "top_ks", f"must be distinct and non-empty (empty only with nll and scores), got {top_ks}")
-    if not (all(1 <= k <= C for k in top_ks)):
-        fail(OP, "top_ks", f"must lie in [1, num_classes={C}], got {top_ks}")
-    check(scores or top_ks == [1], OP, "top_ks", "must be (1,) when preds are class indices (top-k needs scores)")
-    check(scores or not nll, OP, "nll", "needs scores/logits preds, got class indices")
-    mask = check_mask(OP, mask, target.shape, dev)
-    check_state(OP, "stats", stats, (len(top_ks), 3, C), dev)
-    check_state(OP, "extras", extras, (2,), dev)
-    check_state(OP, "bad", bad, (2,), dev)
-    if confmat is not None:
-        check_state(OP, "confmat", confmat, (C, C), dev)
-
-    n = target.numel()
-    target = target.reshape(-1)
-    preds = preds.reshape(n, C) if scores else preds.reshape(-1)
+        same_shape(OP, "preds", preds, target.shape, "target")
+        preds = preds.reshape(-1).to(torch.int64)
+    mask = broadcast(OP, "mask", mask, target.shape)
     mask = None if mask is None else mask.reshape(-1)
-    run(OP, dev, backend, preds, target, mask, C, ignore_index, top_ks, nll, stats, confmat, extras, bad)
+    top_ks = [int(k) for k in top_ks]
+    run(OP, preds.device, backend, preds, target.reshape(-1), mask, C, ignore_index, top_ks, nll, stats, confmat,
+        extras, bad)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from d9d_kernels.ops._common import as_float, check_mask, check_state
+from d9d_kernels.ops._common import as_float, broadcast
 from d9d_kernels.ops._dispatch import run
 
 OP = "running_extrema"
@@ -39,11 +39,6 @@ def running_extrema(
         >>> st.tolist()
         [3.0, 1.0]
     """
-    dev = x.device if isinstance(x, torch.Tensor) else torch.device("cpu")
-    x = as_float(OP, "x", x, dev)
-    mask = check_mask(OP, mask, x.shape, dev)
-    check_state(OP, "state", state, (2,), dev)
-    check_state(OP, "bad", bad, (1,), dev)
-    x = x.reshape(-1)
-    mask = None if mask is None else mask.reshape(-1)
-    run(OP, dev, backend, x, mask, skip_bad, state, bad)
+    x = as_float(OP, "x", x)
+    mask = broadcast(OP, "mask", mask, x.shape)
+    run(OP, x.device, backend, x.reshape(-1), None if mask is None else mask.reshape(-1), skip_bad, state, bad)

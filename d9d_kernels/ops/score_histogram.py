@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from d9d_kernels import reference
-from d9d_kernels.ops._common import as_float, as_index, check, check_mask, check_state, fail
+from d9d_kernels.ops._common import as_float, as_index, broadcast, fail, same_shape
 from d9d_kernels.ops._dispatch import run
 
 OP = "score_histogram"
@@ -49,28 +49,17 @@ def score_histogram(
         >>> h[:, 0].tolist()
         [[0.0, 0.0, 0.0, 1.0], [1.0, 0.0, 0.0, 0.0]]
     """
-    check(isinstance(preds, torch.Tensor), OP, "preds", "must be a torch.Tensor", TypeError)
-    dev = preds.device
-    preds = as_float(OP, "preds", preds, dev)
-    target = as_index(OP, "target", target, dev)
-    if not (input_kind in (0, 1, 2)):
-        fail(OP, "input_kind", f"must be 0 (probs), 1 (logits) or 2 (auto), got {input_kind!r}")
-    if not (hist.dim() == 3 and hist.shape[0] == 2):
-        fail(OP, "hist", f"must have shape [2, L, B], got {tuple(hist.shape)}")
+    preds = as_float(OP, "preds", preds)
+    target = as_index(OP, "target", target)
     if multiclass:
-        check(preds.dim() >= 1 and tuple(preds.shape[:-1]) == tuple(target.shape), OP, "preds",
-              f"must have shape target.shape + (C,), got preds {tuple(preds.shape)}, target {tuple(target.shape)}")
-        n_lab = preds.shape[-1]
+        if not (preds.dim() >= 1 and preds.shape[:-1] == target.shape):
+            fail(OP, "preds", f"must have shape target.shape + (C,), got preds {tuple(preds.shape)}, "
+                 f"target {tuple(target.shape)}")
     else:
-        if not (preds.shape == target.shape):
-            fail(OP, "target", f"must have the shape of preds {tuple(preds.shape)}, got {tuple(target.shape)}")
-        n_lab = 1 if preds.dim() <= 1 else preds.shape[-1]
-    mask = check_mask(OP, mask, target.shape, dev)
-    check_state(OP, "hist", hist, (2, n_lab, hist.shape[2]), dev)
-    check(hist.shape[2] >= 1, OP, "hist", "needs at least one bin")
-    check_state(OP, "bad", bad, (2,), dev)
-    preds = preds.reshape(-1, n_lab)
-    target = target.reshape(-1) if multiclass else target.reshape(-1, n_lab)
-    if mask is not None:
-        mask = mask.reshape(-1) if multiclass else mask.reshape(-1, n_lab)
-    run(OP, dev, backend, preds, target, mask, ignore_index, int(input_kind), bool(multiclass), hist, bad)
+        same_shape(OP, "target", target, preds.shape, "preds")
+    mask = broadcast(OP, "mask", mask, target.shape)
+    n_lab = 1 if preds.dim() <= 1 else preds.shape[-1]
+    lead = (-1,) if multiclass else (-1, n_lab)
+    preds, target = preds.reshape(-1, n_lab), target.reshape(lead)
+    mask = None if mask is None else mask.reshape(lead)
+    run(OP, preds.device, backend, preds, target, mask, ignore_index, int(input_kind), bool(multiclass), hist, bad)

@@ -6,10 +6,11 @@ reference there is the specification.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
-from d9d_kernels import reference
-from d9d_kernels.ops._common import as_real, check_mask, check_state, fail, float_dtype
+from d9d_kernels.ops._common import as_real, broadcast, float_dtype, same_shape
 from d9d_kernels.ops._dispatch import pick, run
 
 OP = "weighted_moments"
@@ -47,32 +48,15 @@ def weighted_moments(
         >>> (s[1] / s[0]).item()
         2.0
     """
-    dev = x.device if isinstance(x, torch.Tensor) else torch.device("cpu")
-    x = as_real(OP, "x", x, dev)
+    x = as_real(OP, "x", x)
     shape = x.shape
-    dtype = float_dtype(x)
     if y is not None:
-        y = as_real(OP, "y", y, dev)
-        if not (y.shape == shape):
-            fail(OP, "y", f"must have the shape of x {tuple(shape)}, got {tuple(y.shape)}")
-        dtype = torch.promote_types(dtype, float_dtype(y))
-    if weights is not None:
-        weights = as_real(OP, "weights", weights, dev)
-        try:
-            weights = torch.broadcast_to(weights, shape)
-        except RuntimeError:
-            fail(OP, "weights", f"of shape {tuple(weights.shape)} does not broadcast to {tuple(shape)}")
-        dtype = torch.promote_types(dtype, float_dtype(weights))
-    mask = check_mask(OP, mask, shape, dev)
-    check_state(OP, "state", state, (reference.MOMENTS_SIZE,), dev)
-    check_state(OP, "bad", bad, (1,), dev)
-    if pivot is not None:
-        check_state(OP, "pivot", pivot, (2,), dev)
-
+        same_shape(OP, "y", as_real(OP, "y", y), shape, "x")
+    weights = broadcast(OP, "weights", weights, shape)
+    mask = broadcast(OP, "mask", mask, shape)
+    flat = [None if t is None else t.reshape(-1) for t in (x, y, weights, mask)]
     # the compiled kernels promote integer and mixed dtypes themselves (as float_dtype does)
-    cast = (lambda t: t) if pick(OP, dev, backend) in ("cpp", "cuda") else (lambda t: t.to(dtype))  # noqa: E731
-    x = cast(x.reshape(-1))
-    y = None if y is None else cast(y.reshape(-1))
-    weights = None if weights is None else cast(weights.reshape(-1))
-    mask = None if mask is None else mask.reshape(-1)
-    run(OP, dev, backend, x, y, weights, mask, skip_bad, state, bad, pivot)
+    if pick(OP, x.device, backend) not in ("cpp", "cuda"):
+        dtype = functools.reduce(torch.promote_types, [float_dtype(t) for t in flat[:3] if t is not None])
+        flat[:3] = [None if t is None else t.to(dtype) for t in flat[:3]]
+    run(OP, x.device, backend, *flat, skip_bad, state, bad, pivot)

@@ -23,7 +23,7 @@ def run_and_compare(backend, preds, target, mask=None, *, threshold=0.5, ignore_
     rp = preds.reshape(-1, L)
     if not rp.is_floating_point():
         rp = rp.to(torch.float32)
-    rt = as_index("t", "target", target, target.device).reshape(-1, L)
+    rt = as_index("t", "target", target).reshape(-1, L)
     rm = None if mask is None else torch.broadcast_to(mask, target.shape).reshape(-1, L)
     kind = input_kind if preds.is_floating_point() else reference.INPUT_PROBS
     reference.binary_stats(rp, rt, rm, threshold, ignore_index, kind, want[0], want[1])

@@ -200,7 +200,7 @@ def test_planned_updates_run_the_reference_when_cpp_is_unavailable(monkeypatch):
                      "score_histogram": 6}, calls
 
 
-def test_raw_accessor_follows_the_backend_choice(backend):
+def test_raw_accessor_follows_the_backend_choice(backend, monkeypatch):
     from d9d_kernels import reference
 
     x = torch.randn(50, dtype=torch.float64)
@@ -213,10 +213,11 @@ def test_raw_accessor_follows_the_backend_choice(backend):
     op = dk.ops.raw("running_extrema", "cpu", backend)
     if backend == "cpp":
         assert op is torch.ops.d9d_kernels.running_extrema.default
-    elif backend == "torch":
-        assert op is reference.running_extrema
+    calls, real = [], reference.running_extrema
+    monkeypatch.setattr(reference, "running_extrema", lambda *a: (calls.append(1), real(*a))[1])
     s, b = torch.full((2,), float("-inf"), dtype=torch.float64), torch.zeros(1, dtype=torch.float64)
     op(x, mask, True, s, b)
+    assert calls == ([1] if backend == "torch" else [])  # looked up at the call
     assert s.tolist() == want_s.tolist() and b.tolist() == want_b.tolist()
     # auto choice: what the checked wrapper runs
     auto = dk.ops.raw("running_extrema", torch.device("cpu"))
@@ -245,3 +246,72 @@ def test_cpu_ops_are_built_to_split_across_threads():
         out = run_py("import torch, d9d_kernels._C\n"
                      "print(sorted({l.split()[-1] for l in open('/proc/self/maps') if 'libgomp' in l}))")
         assert out.count("libgomp") == 1, f"not one OpenMP runtime: {out}"
+
+
+# ---- an op's argument checks: written once (csrc/kernels/*_checks.h), run by every backend ------
+
+def _f64(*shape, fill=0.0):
+    return torch.full(shape, fill, dtype=torch.float64)
+
+
+# (op call with one bad argument, the C++ check's message); each call names its state tensors
+_BAD_CALLS = {
+    "state shape": (lambda be, st: dk.ops.running_extrema(torch.ones(4), state=st[0], bad=st[1], backend=be),
+                    lambda: (_f64(3, fill=-float("inf")), _f64(1)),
+                    r"running_extrema: argument 'state' must be float64 \[2\], got shape \[3\]"),
+    "state dtype": (lambda be, st: dk.ops.weighted_moments(torch.ones(4), state=st[0], bad=st[1], backend=be),
+                    lambda: (torch.zeros(9), _f64(1)),
+                    r"weighted_moments: argument 'state' must be float64 \[9\], got Float"),
+    "top_ks range": (lambda be, st: dk.ops.class_stats(torch.randn(4, 3), torch.tensor([0, 1, 2, 0]), num_classes=3,
+                                                        stats=st[0], extras=st[1], bad=st[2], top_ks=(1, 4),
+                                                        backend=be),
+                     lambda: (_f64(2, 3, 3), _f64(2), _f64(2)),
+                     r"class_stats: argument 'top_ks' must lie in \[1, num_classes=3\]"),
+    "input_kind": (lambda be, st: dk.ops.binary_stats(torch.rand(4), torch.tensor([0, 1, 1, 0]), state=st[0],
+                                                      bad=st[1], input_kind=5, backend=be),
+                   lambda: (_f64(1, 4), _f64(2)),
+                   r"binary_stats: argument 'input_kind' must be 0 \(probs\), 1 \(logits\) or 2 \(auto\), got 5"),
+    "no bins": (lambda be, st: dk.ops.score_histogram(torch.rand(4), torch.tensor([0, 1, 1, 0]), hist=st[0],
+                                                      bad=st[1], backend=be),
+                lambda: (_f64(2, 1, 0), _f64(2)),
+                r"score_histogram: argument 'hist' must be float64 \[2, L, B\] with L = 1 and B >= 1"),
+}
+
+
+@pytest.mark.skipif("cpp" not in dk.ops.backends(), reason="the checks are the compiled extension's")
+@pytest.mark.parametrize("case", sorted(_BAD_CALLS))
+def test_every_backend_refuses_an_argument_with_the_ops_one_check(case, backend):
+    call, make, message = _BAD_CALLS[case]
+    state = make()
+    before = [t.clone() for t in state]
+    with pytest.raises((ValueError, TypeError), match=message):
+        call(backend, state)
+    assert all(torch.equal(a, b) for a, b in zip(state, before))  # nothing written
+
+
+@pytest.mark.skipif("cpp" not in dk.ops.backends(), reason="the checks are the compiled extension's")
+@pytest.mark.parametrize("case", sorted(_BAD_CALLS))
+def test_fake_tensors_run_the_ops_checks(case):
+    """The op's meta kernel (its fake under FakeTensorMode and torch.compile) is its checks."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    call, make, message = _BAD_CALLS[case]
+    with FakeTensorMode():
+        state = make()
+        with pytest.raises((ValueError, TypeError), match=message):
+            call(None, state)
+
+
+def test_a_build_without_cuda_kernels_dispatches_cuda_tensors_to_triton():
+    """The dispatcher, not a Python table, picks Triton: it is the op's CUDA kernel there."""
+    out = run_py(
+        "import d9d_kernels._extension as e; e.HAS_CUDA_KERNELS = False  # what a CPU-only build reports\n"
+        "import torch, d9d_kernels as dk, d9d_kernels.ops\n"
+        "for op in e.OPS:\n"
+        "    line = [l for l in torch._C._dispatch_dump(f'd9d_kernels::{op}').splitlines() if l.startswith('CUDA:')]\n"
+        "    print(op, 'ops/_dispatch.py' in line[0], dk.ops.backend_for(op, 'cuda'))\n"
+    )
+    if "cpp" not in dk.ops.backends():
+        pytest.skip("no compiled extension")
+    want = "triton" if "triton" in dk.ops.backends() else "torch"
+    assert out.split() == [w for op in _extension.OPS for w in (op, "True", want)]

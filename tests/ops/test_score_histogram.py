@@ -21,7 +21,7 @@ def run_and_compare(backend, preds, target, mask=None, *, B=16, multiclass=False
     dk.ops.score_histogram(preds, target, mask, hist=got[0], bad=got[1], multiclass=multiclass, ignore_index=ignore_index,
                            input_kind=input_kind, backend=backend)
     rp = preds.reshape(-1, L)
-    rt = as_index("t", "target", target, target.device)
+    rt = as_index("t", "target", target)
     rt = rt.reshape(-1) if multiclass else rt.reshape(-1, L)
     rm = None if mask is None else torch.broadcast_to(mask, target.shape)
     rm = None if rm is None else (rm.reshape(-1) if multiclass else rm.reshape(-1, L))
