@@ -43,7 +43,7 @@ import torch
 from d9d_kernels.metrics import _args as A
 from d9d_kernels.ops.vocab_partials import vocab_class_stats, vocab_partials
 from d9d_kernels.reference import add_bad
-from d9d_kernels.distributed import DistributedContext, as_context
+from d9d_kernels.distributed import D9D_DOMAIN, DistributedContext, _is_d9d_context, as_context
 
 __all__ = ["VocabShard", "VocabSplit", "resolve", "vocab_gather", "add_vocab_class_stats"]
 
@@ -68,7 +68,9 @@ class VocabShard:
         size: the number of vocabulary columns held here (``preds.shape[-1]``).
         tp: the tensor-parallel ranks that together hold the vocabulary: a
             ``dk.DistributedContext``, a ``ProcessGroup``, a 1-d ``DeviceMesh``
-            (e.g. ``mesh["tp"]``) or None (the world group).
+            (e.g. ``mesh["tp"]``), a d9d ``DistributedContext`` (its regular
+            domain's ``"tp"`` dim, not the data dims a metric syncs over) or
+            None (the world group).
 
     Example:
         >>> import torch, d9d_kernels as dk
@@ -92,7 +94,10 @@ class VocabShard:
             raise ValueError(f"VocabShard: argument 'start' must be >= 0, got {self.start}")
         if self.size < 1:
             raise ValueError(f"VocabShard: argument 'size' must be >= 1, got {self.size}")
-        object.__setattr__(self, "_ctx", as_context(self.tp))
+        tp = self.tp
+        if _is_d9d_context(tp):  # the tp dim; as_context(d9d ctx) would be the data dims
+            tp = tp.mesh_for(D9D_DOMAIN).get_group("tp") if tp.mesh_params.is_distributed else DistributedContext.local()
+        object.__setattr__(self, "_ctx", as_context(tp))
 
     @property
     def ctx(self) -> DistributedContext:

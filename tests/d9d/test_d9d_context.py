@@ -187,6 +187,16 @@ def _layout_run(rank: int, layout: str, calls: list) -> dict:
     out["dp_only"] = dk.DistributedContext.from_d9d(ctx, dims=("dp_shard",)).ranks
     out["from_mesh_all"] = dk.DistributedContext.from_mesh(ctx, dims=("pp", "dp_shard", "tp")).world_size
     out["from_mesh_default"] = dk.DistributedContext.from_mesh(ctx).ranks
+
+    # a vocabulary split over tp, named by the d9d context: the shard combines over tp, the sync over data
+    if layout == "dp_tp":
+        d, lo = _shard(data), (0, 4)[regular.get_local_rank("tp")]
+        hi = 4 if lo == 0 else C
+        shard = dk.VocabShard(lo, hi - lo, tp=ctx)
+        ppl = dk.Perplexity()
+        ppl.update(d["logits"][:, lo:hi], d["y"], vocab=shard)
+        ppl.sync(ctx)
+        out["vocab_ranks"], out["ppl"] = shard.ctx.ranks, float(ppl.compute())
     return out
 
 
@@ -217,6 +227,18 @@ def test_dp_tp_reduces_over_dp_only(run4, reference):
         assert o["d9d"]["tokens"] == pytest.approx(2 * reference["tokens"]), o["d9d"]
         # d9d's ratios are unchanged by the duplication: equal to ours
         _check({**o["d9d"], "tokens": o["d9d"]["tokens"] / 2}, o["dk"], f"rank {rank} vs d9d")
+
+
+def test_vocab_shard_takes_the_tp_dim_of_a_d9d_context(run4):
+    """``VocabShard(tp=d9d_ctx)`` combines the vocabulary over the tp pair (not the data
+    dims a metric syncs over); the synced perplexity is plain torch's over all the data."""
+    shards = [_shard(i) for i in range(2)]
+    logits, y = torch.cat([d["logits"] for d in shards]), torch.cat([d["y"] for d in shards])
+    want = torch.nn.functional.cross_entropy(logits, y).exp().item()
+    for rank, out in enumerate(run4):
+        o = out["dp_tp"]
+        assert o["vocab_ranks"] == ([0, 1] if rank < 2 else [2, 3]), o["vocab_ranks"]
+        assert o["ppl"] == pytest.approx(want, rel=1e-9), (rank, o["ppl"], want)
 
 
 def test_pp_dp_every_stage_gets_the_global_value(run4, reference):
