@@ -469,16 +469,19 @@ class Metric(metaclass=_MetricMeta):
         self._warn_unsynced()
         return self._checked_compute(self._states())
 
-    def _checked_compute(self, states):
+    def _checked_compute(self, states, device: torch.device | None = None):
+        """``_compute`` of ``states`` with the bad-input policy of ``device``
+        (default: the storage's; ``host_checks``): raise, or NaN without a host read."""
+        checked = host_checks(self._storage.device if device is None else device)
         bad = self._bad_count(states)
-        if bad is not None and host_checks(self._storage.device):
+        if bad is not None and checked:
             count = bad.item()
             if count != 0:
                 causes = self._bad_causes(states)
                 vals = torch.stack(list(causes.values())).tolist() if causes else []
                 self._raise_if_bad(count, dict(zip(causes, vals)))
         value = self._compute_unchecked(states)
-        return value if bad is None or host_checks(self._storage.device) else poisoned(value, bad)
+        return value if bad is None or checked else poisoned(value, bad)
 
     def _warn_unsynced(self) -> None:
         d = self.__dict__

@@ -32,7 +32,7 @@ import inspect
 
 import torch
 
-from d9d_kernels.core.metric import Metric, _GroupBase, host_checks, poisoned
+from d9d_kernels.core.metric import Metric, _GroupBase
 from d9d_kernels.core.statistic import MAX, REPLICA, SUM
 from d9d_kernels.metrics import _args as A
 from d9d_kernels.metrics.running import RunningMean
@@ -151,17 +151,8 @@ class Running(Metric):
                 MAX: torch.maximum(init[MAX], state["ring_max"].amax(0)) if self._n_max else init[MAX].clone(),
                 REPLICA: torch.zeros_like(init[REPLICA])}
         views = [st.layout.views(bufs, j) for j in range(len(st.layout.stats))]
-        states = b._states(views)
-        bad = b._bad_count(states)
-        checked = bad is not None and host_checks(dev)
-        if checked:
-            count = bad.item()
-            if count != 0:
-                causes = b._bad_causes(states)
-                vals = torch.stack(list(causes.values())).tolist() if causes else []
-                b._raise_if_bad(count, dict(zip(causes, vals)))
-        value = b._compute_unchecked(states)
-        return value if bad is None or checked else poisoned(value, bad)
+        # the window's device decides the bad-input policy: the base moves there at its first update
+        return b._checked_compute(b._states(views), device=dev)
 
     def to(self, device) -> "Running":
         super().to(device)
