@@ -25,7 +25,7 @@ def running_extrema(
     """Folds ``max(x)`` and ``-min(x)`` into ``state``.
 
     Args:
-        x: any shape, floating (integers are promoted to float32).
+        x: any shape, floating, integer or bool (integers are read as float64, exactly).
         mask: bool broadcastable to ``x`` or ``None``.
         state: float64 ``[2]`` = (max, -min), initialised to ``-inf``.
         bad: float64 ``[1]``: += valid NaN/±Inf elements.

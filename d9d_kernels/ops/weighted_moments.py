@@ -31,7 +31,7 @@ def weighted_moments(
     """Adds the weighted moments of ``x`` (and ``y``) into ``state``.
 
     Args:
-        x: any shape, floating (integers are promoted to float32).
+        x: any shape, floating, integer or bool (integers are read as float64, exactly).
         y: same shape as ``x`` or ``None``.
         weights: broadcastable to ``x`` or ``None`` (all ones).
         mask: bool, broadcastable to ``x``, or ``None``.
