@@ -70,7 +70,7 @@ c10::IValue constant(PyObject* v, const c10::Argument& arg) {
 void destroy(PyObject* capsule) { delete static_cast<Replay*>(PyCapsule_GetPointer(capsule, kCapsule)); }
 
 // replay_new([(qualified op name, overload, [constant or state view or None per argument],
-//              [(position, source, input, shape, dtype, device)])]) -> capsule
+//              [(position, source, shape, input, dtype, device)])]) -> capsule
 PyObject* replay_new(PyObject*, PyObject* steps) {
   HANDLE_TH_ERRORS
   auto replay = std::make_unique<Replay>();

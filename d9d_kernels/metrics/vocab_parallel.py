@@ -43,7 +43,7 @@ import torch
 from d9d_kernels.metrics import _args as A
 from d9d_kernels.ops.vocab_partials import vocab_class_stats, vocab_partials
 from d9d_kernels.reference import add_bad
-from d9d_kernels.distributed import D9D_DOMAIN, DistributedContext, _is_d9d_context, as_context
+from d9d_kernels.distributed import DistributedContext, _is_d9d_context, as_context
 
 __all__ = ["VocabShard", "VocabSplit", "resolve", "vocab_gather", "add_vocab_class_stats"]
 
@@ -96,7 +96,7 @@ class VocabShard:
             raise ValueError(f"VocabShard: argument 'size' must be >= 1, got {self.size}")
         tp = self.tp
         if _is_d9d_context(tp):  # the tp dim; as_context(d9d ctx) would be the data dims
-            tp = tp.mesh_for(D9D_DOMAIN).get_group("tp") if tp.mesh_params.is_distributed else DistributedContext.local()
+            tp = DistributedContext.from_d9d(tp, dims="tp")
         object.__setattr__(self, "_ctx", as_context(tp))
 
     @property

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from d9d_kernels import reference
-from d9d_kernels.ops._common import FLOATS, as_index, as_real, broadcast, same_shape
+from d9d_kernels.ops._common import FLOATS, as_float, as_index, as_real, broadcast, same_shape
 from d9d_kernels.ops._dispatch import run
 
 OP = "binary_stats"
@@ -48,9 +48,9 @@ def binary_stats(
         >>> st.tolist()  # tp, fp, tn, fn
         [[1.0, 1.0, 1.0, 0.0]]
     """
-    preds = as_real(OP, "preds", preds)
-    if preds.dtype not in FLOATS:  # 0/1 values: probabilities
-        preds, input_kind = preds.to(torch.float64), reference.INPUT_PROBS
+    if as_real(OP, "preds", preds).dtype not in FLOATS:  # 0/1 values: probabilities
+        input_kind = reference.INPUT_PROBS
+    preds = as_float(OP, "preds", preds)
     target = as_index(OP, "target", target)
     same_shape(OP, "target", target, preds.shape, "preds")
     mask = broadcast(OP, "mask", mask, target.shape)
