@@ -10,15 +10,24 @@ every rank::
 Same world size: ``dcp.save({"metrics": g}, ...)`` / ``dcp.load({"metrics": g},
 ...)`` restores every rank's local state exactly (pivots included).
 
-Different world size: states are additive, so new rank ``r`` of ``W'`` loads
-the saved ranks ``s`` with ``s % W' == r`` (``ranks_for``) and sums them
-(MAX slots: max; moment sums re-centred to one pivot first). With fewer new
-ranks some load several; with more, some load none (they start empty). The
-global ``compute()`` after the next sync is the same as before saving. DCP
-builds its read plan from ``state_dict()``, so wrap the metric::
+Different world size: states are additive, so the rank at position ``r`` of
+the ``W'`` ranks the resumed metric syncs over loads the saved ranks ``s``
+with ``s % W' == r`` (``ranks_for``) and sums them (MAX slots: max; moment
+sums re-centred to one pivot first). With fewer new ranks some load several;
+with more, some load none (they start empty). The global ``compute()``
+after the next sync is the same as before saving. DCP builds its read plan
+from ``state_dict()``, so wrap the metric::
 
     n = dk.checkpoint.saved_world_size(path, key="metrics")       # from DCP metadata
-    dcp.load({"metrics": dk.checkpoint.for_resume(g, n)}, checkpoint_id=path)
+    dcp.load({"metrics": dk.checkpoint.for_resume(g, n, ctx=ctx)}, checkpoint_id=path)
+
+Replicas (tensor parallelism): ranks that differ only along dims a metric
+does not reduce over hold copies of the same data. An entry saved by a
+rank whose last sync's context marks it a copy (``DistributedContext.
+duplicate``: a context from ``from_mesh`` or a d9d context) is skipped, so
+no datum counts twice. ``ctx`` is the context the resumed metric will sync
+over (default: the world): its position and size pick the entries, so the
+replicas of the new layout load the same ones.
 
 ``for_resume`` returns a Stateful whose ``state_dict()`` is the template
 (``metric_state_template``) and whose ``load_state_dict`` merges into ``g``.
@@ -31,7 +40,7 @@ import re
 from typing import Any
 
 from d9d_kernels.core.metric import Metric
-from d9d_kernels.core.sync import rank_world
+from d9d_kernels.distributed import as_context
 
 __all__ = ["ranks_for", "metric_state_template", "for_resume", "saved_world_size", "ResumeState"]
 
@@ -43,13 +52,15 @@ def ranks_for(rank: int, world_size: int, saved_world_size: int) -> list[int]:
 
 
 def metric_state_template(
-    metric: Metric, saved_world_size: int, rank: int | None = None, world_size: int | None = None
+    metric: Metric, saved_world_size: int, rank: int | None = None, world_size: int | None = None, *, ctx=None
 ) -> dict[str, Any]:
     """The DCP load template of ``metric`` for a checkpoint saved on
-    ``saved_world_size`` ranks (defaults: this process' rank / world size)."""
-    r, w = rank_world()
-    rank = r if rank is None else rank
-    world_size = w if world_size is None else world_size
+    ``saved_world_size`` ranks: the entries of ``ranks_for(rank, world_size,
+    saved_world_size)``; ``rank`` / ``world_size`` default to this rank's
+    position in ``ctx`` (any ctx the library takes; None: the world) and its size."""
+    c = as_context(ctx)
+    rank = c.rank if rank is None else rank
+    world_size = c.world_size if world_size is None else world_size
     st = metric._storage
     out: dict[str, Any] = {"world_size": int(saved_world_size), "schema": st.layout.fingerprint}
     for s in ranks_for(rank, world_size, saved_world_size):
@@ -60,24 +71,28 @@ def metric_state_template(
 class ResumeState:
     """Stateful adapter: loads a checkpoint saved on another world size into a metric."""
 
-    def __init__(self, metric: Metric, saved_world_size: int, rank: int | None = None, world_size: int | None = None):
+    def __init__(self, metric: Metric, saved_world_size: int, rank: int | None = None, world_size: int | None = None,
+                 *, ctx=None):
         self.metric = metric
         self.saved_world_size = saved_world_size
         self.rank = rank
         self.world_size = world_size
+        self.ctx = ctx
 
     def state_dict(self) -> dict[str, Any]:
-        return metric_state_template(self.metric, self.saved_world_size, self.rank, self.world_size)
+        return metric_state_template(self.metric, self.saved_world_size, self.rank, self.world_size, ctx=self.ctx)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.metric.load_state_dict(state_dict, resharding=True)
+        self.metric._storage.duplicate = as_context(self.ctx).duplicate  # as the next sync would record
 
 
 def for_resume(
-    metric: Metric, saved_world_size: int, rank: int | None = None, world_size: int | None = None
+    metric: Metric, saved_world_size: int, rank: int | None = None, world_size: int | None = None, *, ctx=None
 ) -> ResumeState:
-    """``dcp.load({"metrics": for_resume(g, n)}, ...)`` for a checkpoint saved on ``n`` ranks."""
-    return ResumeState(metric, saved_world_size, rank, world_size)
+    """``dcp.load({"metrics": for_resume(g, n, ctx=ctx)}, ...)`` for a checkpoint
+    saved on ``n`` ranks; ``ctx``: the context ``metric`` will sync over."""
+    return ResumeState(metric, saved_world_size, rank, world_size, ctx=ctx)
 
 
 def saved_world_size(checkpoint_id, key: str) -> int:

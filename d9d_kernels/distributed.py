@@ -318,6 +318,7 @@ class DistributedContext:
         self._group = group
         self._local = False
         self._timeout = _as_timedelta(timeout)
+        self._duplicate = False
 
     # ------------------------------------------------------------ builders
     @classmethod
@@ -363,7 +364,9 @@ class DistributedContext:
             group = mesh.get_group(dims[0])
         else:
             group = _flattened_group(mesh, dims)
-        return cls(group=group, timeout=timeout)
+        ctx = cls(group=group, timeout=timeout)
+        ctx._duplicate = _duplicate(mesh, dims)
+        return ctx
 
     @classmethod
     def from_d9d(
@@ -404,7 +407,9 @@ class DistributedContext:
             )
         kept = tuple(d for d in sizes if d in dims and sizes[d] > 1)
         if not kept:
-            return cls.local()
+            ctx = cls.local()
+            ctx._duplicate = _duplicate(mesh, kept)
+            return ctx
         if math.prod(sizes[d] for d in kept) == dist.get_world_size():
             return cls(group=dist.group.WORLD, timeout=timeout)
         return cls.from_mesh(mesh, dims=kept, timeout=timeout)
@@ -445,6 +450,16 @@ class DistributedContext:
         if g is None:
             return [dist.get_rank() if dist.is_available() and dist.is_initialized() else 0]
         return list(dist.get_process_group_ranks(g))
+
+    @property
+    def duplicate(self) -> bool:
+        """True when this rank's data is a copy of another rank's that a
+        checkpoint resumed on another world size must not count again: the
+        context came from a mesh (``from_mesh``, ``from_d9d``) and this rank
+        is not the last along some dim not reduced over (tp, cp_replicate;
+        for pp, the last stage is the one that updates). Other contexts do
+        not know the job's replicas: False."""
+        return self._duplicate
 
     @property
     def timeout(self) -> datetime.timedelta:
@@ -870,6 +885,13 @@ def _store_get_all(store, keys: list[str]) -> Iterable[bytes]:
         return store.multi_get(keys)
     except Exception:
         return [store.get(k) for k in keys]
+
+
+def _duplicate(mesh, dims: tuple[str, ...]) -> bool:
+    """Whether this rank is not the last along some dim of ``mesh`` outside ``dims``."""
+    coord = mesh.get_coordinate()
+    return coord is not None and any(
+        c != n - 1 for name, c, n in zip(mesh.mesh_dim_names, coord, mesh.shape) if name not in dims)
 
 
 def _flattened_group(mesh, dims: tuple[str, ...]):

@@ -47,9 +47,7 @@ __all__ = ["Metric", "NAN_STRATEGIES", "HostValues", "host_checks", "poisoned"]
 NAN_STRATEGIES = ("propagate", "ignore", "error")
 _CUSTOM = "_custom"
 
-# ----------------------------------------------------------------------------
-# Custom metrics: raw slots wrapped in a private statistic.
-# ----------------------------------------------------------------------------
+# ---- Custom metrics: raw slots wrapped in a private statistic --------------
 
 
 class SlotAttribute:
@@ -111,9 +109,7 @@ class _CustomStatistic(Statistic):
         self._metric._update(*args, **(kwargs or {}))
 
 
-# ----------------------------------------------------------------------------
-# Host read handle.
-# ----------------------------------------------------------------------------
+# ---- Host read handle ------------------------------------------------------
 
 
 def copy_to_host(packed: torch.Tensor) -> tuple[torch.Tensor, "torch.cuda.Event | None"]:
@@ -162,9 +158,7 @@ class HostValues:
         return out[None] if self._single else out
 
 
-# ----------------------------------------------------------------------------
-# Metric
-# ----------------------------------------------------------------------------
+# ---- Metric ----------------------------------------------------------------
 
 
 #: torchmetrics' ``Metric`` keyword arguments (its "advanced settings", taken by
@@ -684,6 +678,7 @@ class Metric(metaclass=_MetricMeta):
     def load_state_dict(self, state_dict: dict[str, Any], *, resharding: bool = False) -> None:
         """Restores local state: the sum (max for MAX slots) of every
         ``rank_<s>`` entry present, re-centred to one pivot; none -> reset.
+        ``resharding`` skips entries saved as duplicates (``StateEntry.duplicate``).
 
         A checkpoint saved on another world size must be loaded through
         ``d9d_kernels.checkpoint.for_resume`` (which passes ``resharding=True``):
@@ -704,7 +699,9 @@ class Metric(metaclass=_MetricMeta):
                 f"{st.layout.fingerprint} (different members, order or configuration)"
             )
         keys = sorted((k for k in state_dict if k.startswith("rank_")), key=lambda k: int(k[5:]))
-        st.load_entries([state_dict[k] for k in keys])
+        dups = [getattr(state_dict[k], "duplicate", False) for k in keys]  # another saved rank counts their data
+        st.load_entries([state_dict[k] for k, dup in zip(keys, dups) if not (resharding and dup)])
+        st.duplicate = not resharding and bool(dups) and all(dups)
 
     def __repr__(self) -> str:
         """The class with the constructor arguments that differ from their

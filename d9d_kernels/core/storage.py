@@ -161,10 +161,14 @@ class StateEntry:
     one pickled object rather than as shaped tensors, so loading it into a
     metric of another schema reaches ``Metric.load_state_dict`` (and its
     ``ValueError``) instead of failing in DCP's planner on a size mismatch.
+    ``duplicate``: a copy of another rank's data (``DistributedContext.duplicate``); resharding skips it.
     """
 
-    def __init__(self, bufs: dict[str, torch.Tensor]):
+    duplicate = False  # entries pickled before the flag existed
+
+    def __init__(self, bufs: dict[str, torch.Tensor], duplicate: bool = False):
         self.bufs = dict(bufs)
+        self.duplicate = duplicate
 
     def __getitem__(self, kind: str) -> torch.Tensor:
         return self.bufs[kind]
@@ -198,6 +202,7 @@ class Storage:
         self.synced_views: list[dict[str, torch.Tensor]] | None = None
         self.dirty = False
         self.sync = SyncState()
+        self.duplicate = False  # set by each sync (its context's ``duplicate``) and by loads; saved with the state
 
     def _alloc(self):
         try:
@@ -283,6 +288,7 @@ class Storage:
         new._set_synced(None if self.synced is None else {k: v.clone() for k, v in self.synced.items()})
         new.dirty = self.dirty
         new.sync = SyncState(dict(self.sync.handshakes))
+        new.duplicate = self.duplicate
         return new
 
     def __getstate__(self) -> dict:
@@ -306,6 +312,7 @@ class Storage:
         self._set_synced(None if synced is None else {k: v.to(self.device, copy=True) for k, v in synced.items()})
         self.dirty = state["dirty"]
         self.sync = SyncState()
+        self.duplicate = False  # this process' role: the next sync records it
 
     def _set_synced(self, synced: dict[str, torch.Tensor] | None) -> None:
         """``synced`` (buffers per kind, or None) as the synced snapshot, with its views."""
@@ -355,7 +362,7 @@ class Storage:
 
     # -- checkpoint ----------------------------------------------------------
     def entry(self) -> StateEntry:
-        return StateEntry({k: self.local[k].detach().clone() for k in KINDS if self.layout.sizes[k]})
+        return StateEntry({k: self.local[k].detach().clone() for k in KINDS if self.layout.sizes[k]}, self.duplicate)
 
     def template_entry(self) -> StateEntry:
         return StateEntry({k: torch.empty_like(self.local[k]) for k in KINDS if self.layout.sizes[k]})

@@ -62,7 +62,7 @@ def trigger(st: Storage, ctx) -> None:
     """Snapshots ``st``'s local state and launches the async collective(s)."""
     if st.sync.pending is not None:
         raise RuntimeError(f"{st.label}: trigger_sync() called twice without wait_sync()")
-    ctx = resolve_ctx(ctx)
+    ctx = resolve_ctx(st, ctx)
     if ctx is not None:
         handshake(st, ctx)
     i = st.sync.next_snap
@@ -276,15 +276,16 @@ def _plain(v) -> bool:
     return v is None or isinstance(v, (bool, int, float, str))
 
 
-def resolve_ctx(ctx):
-    """The context to sync on, or None when no communication is needed.
+def resolve_ctx(st: Storage, ctx):
+    """The context ``st`` syncs on, or None when no communication is needed.
 
     ``ctx``: None (the world group when torch.distributed is initialised,
     else local), a DistributedContext, a ProcessGroup or a DeviceMesh (all
-    its ranks); see ``d9d_kernels.distributed.as_context``."""
+    its ranks); see ``d9d_kernels.distributed.as_context``. Records ``duplicate`` on ``st`` (checkpoints save it)."""
     from d9d_kernels.distributed import as_context
 
     ctx = as_context(ctx)
+    st.duplicate = ctx.duplicate
     if ctx.is_local:
         return None
     return ctx

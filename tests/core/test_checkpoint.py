@@ -141,6 +141,60 @@ def test_load_state_dict_merges_and_checks_schema():
     assert empty.compute()["sum"].item() == 0.0
 
 
+# ---- replicas: tensor-parallel ranks hold copies of the same data ---------------------------------
+
+def _tp_worker(rank, world, shape, load, save, feed, save_first):
+    """On a ("dp", "tp") mesh of ``shape`` syncing over "dp" (``shape`` None:
+    the world): resumes from ``load`` through ``for_resume`` with that context,
+    feeds the data of ``feed`` + the rank's dp position (tp replicas feed the
+    same), saves to ``save`` (before the sync when ``save_first``, else after
+    it) and returns the synced values."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.device_mesh import init_device_mesh
+
+    ctx, d = None, rank
+    if shape is not None:
+        mesh = init_device_mesh("cpu", shape, mesh_dim_names=("dp", "tp"))
+        ctx, d = dk.DistributedContext.from_mesh(mesh, "dp"), mesh.get_coordinate()[0]
+    g = _group()
+    if load is not None:
+        n = dk.checkpoint.saved_world_size(load, key="metrics")
+        dcp.load({"metrics": dk.checkpoint.for_resume(g, n, ctx=ctx)}, checkpoint_id=load)
+    if feed is not None:
+        _feed(g, feed + d)
+    if save is not None and save_first:
+        dcp.save({"metrics": g}, checkpoint_id=save)
+    g.trigger_sync(ctx)
+    g.wait_sync(ctx)
+    if save is not None and not save_first:
+        dcp.save({"metrics": g}, checkpoint_id=save)
+    return {k: v.item() for k, v in g.compute().items()}
+
+
+def _all_equal(out, exp):
+    for o in out:
+        for k, v in exp.items():
+            assert o[k] == pytest.approx(v, rel=1e-14), k
+
+
+def test_resume_on_another_world_size_counts_tp_replicas_once(tmp_path):
+    """Saved on dp 2 x tp 2 (each tp pair holds one copy of its dp shard's
+    data); resumed on 2 plain ranks, on 1, on dp 2 x tp 2 (whose replicas load
+    the same entries), and on dp 1 x tp 4 (every rank holds all the data):
+    every rank's synced value is the saved data's, counted once. Then saved
+    again on dp 2 x tp 2 before any sync (the flag comes from for_resume's
+    ctx) and resumed on 2 ranks: still counted once."""
+    saved = str(tmp_path / "dp2tp2")
+    exp = _expected([0, 1])
+    _all_equal(run_distributed(_tp_worker, 4, (2, 2), None, saved, 0, False), exp)
+    _all_equal(run_distributed(_tp_worker, 2, None, saved, None, None, False), exp)
+    _all_equal(run_distributed(_tp_worker, 1, None, saved, None, None, False), exp)
+    _all_equal(run_distributed(_tp_worker, 4, (1, 4), saved, None, None, False), exp)
+    again = str(tmp_path / "again")
+    _all_equal(run_distributed(_tp_worker, 4, (2, 2), saved, again, None, True), exp)
+    _all_equal(run_distributed(_tp_worker, 2, None, again, None, 10, False), _expected([0, 1, 10, 11]))
+
+
 # ---- d9d's checkpointer: a plain dcp.load of the job state at another world size -----------------
 
 class _JobState:

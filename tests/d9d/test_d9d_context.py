@@ -142,7 +142,8 @@ def _d9d_context(**degrees):
     return ctx
 
 
-def _layout_run(rank: int, layout: str, calls: list) -> dict:
+def _layout_run(rank: int, layout: str, calls: list, path: str) -> dict:
+    import torch.distributed.checkpoint as dcp
     from d9d.metric.impl.container import ComposeMetric
 
     ctx = _d9d_context(**LAYOUTS[layout])
@@ -168,6 +169,7 @@ def _layout_run(rank: int, layout: str, calls: list) -> dict:
         counts.append(len(calls) - before)
     out["counts"] = counts
     out["dk"] = _values(ours.compute()["train"])
+    dcp.save({"metrics": g}, checkpoint_id=f"{path}/{layout}")  # resumed on 2 ranks below
     theirs.sync(ctx)
     out["d9d"] = _values(theirs.compute())
 
@@ -200,15 +202,32 @@ def _layout_run(rank: int, layout: str, calls: list) -> dict:
     return out
 
 
-def _worker(rank, world):
+def _worker(rank, world, path):
     calls: list = []
     spy_collectives(calls)
-    return {layout: _layout_run(rank, layout, calls) for layout in LAYOUTS}
+    return {layout: _layout_run(rank, layout, calls, path) for layout in LAYOUTS}
 
 
 @pytest.fixture(scope="module")
-def run4():
-    return run_distributed(_worker, 4, timeout=90, pg_timeout=20)
+def saved(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("d9d_layouts"))
+
+
+@pytest.fixture(scope="module")
+def run4(saved):
+    return run_distributed(_worker, 4, saved, timeout=90, pg_timeout=20)
+
+
+def _resume_worker(rank, world, path):
+    import torch.distributed.checkpoint as dcp
+
+    out = {}
+    for layout in LAYOUTS:
+        g = _dk_group()
+        n = dk.checkpoint.saved_world_size(f"{path}/{layout}", key="metrics")
+        dcp.load({"metrics": dk.checkpoint.for_resume(g, n)}, checkpoint_id=f"{path}/{layout}")
+        out[layout] = _values(g.sync_and_compute())
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -270,6 +289,15 @@ def test_state_dict_round_trip_and_reset(run4, reference):
             assert o["after_reset"] == 0.0
 
 
+def test_resume_on_2_ranks_counts_tp_replicas_once(run4, saved, reference):
+    """The checkpoints saved on 4 ranks, resumed on 2 plain ranks with
+    ``for_resume``: the entries of tp replicas (marked by the d9d context at
+    their last sync) are skipped, so every value is the all-data reference."""
+    for rank, out in enumerate(run_distributed(_resume_worker, 2, saved, timeout=90, pg_timeout=20)):
+        for layout in LAYOUTS:
+            _check(out[layout], reference, f"{layout} resumed on rank {rank} of 2")
+
+
 def test_functional_and_overrides(run4):
     for rank, out in enumerate(run4):
         dp_tp, pp_dp = out["dp_tp"], out["pp_dp"]
@@ -312,8 +340,13 @@ def test_from_d9d_dims_and_errors():
                            (dict(context_parallel_replicate=2, tensor_parallel=2), (1, 1, 1, 1, 2, 2))):
         ctx = object.__new__(DistributedContext)
         ctx._params = DeviceMeshParameters(**degrees)
-        ctx._meshes = {"regular": types.SimpleNamespace(mesh_dim_names=names, shape=shape)}  # read for its shape only
-        assert ctx.mesh_params.is_distributed and as_context(ctx).is_local
+        for last in (False, True):  # this rank's coordinate: first or last on every dim
+            coord = tuple(n - 1 if last else 0 for n in shape)
+            ctx._meshes = {"regular": types.SimpleNamespace(mesh_dim_names=names, shape=shape,
+                                                            get_coordinate=lambda c=coord: c)}
+            local = dk.DistributedContext.from_d9d(ctx)
+            assert ctx.mesh_params.is_distributed and local.is_local
+            assert local.duplicate is not last  # a replica's copy, unless it is the last of its replicas
         with pytest.raises(ValueError, match=r"from_d9d: dims \['dp'\] not in the 'regular' mesh"):
             dk.DistributedContext.from_d9d(ctx, dims=("dp",))
         with pytest.raises(ValueError, match="from_d9d: dims is empty"):
