@@ -153,9 +153,8 @@ class _Classification(Metric):
 
     def _variant(self) -> type:
         """The class this instance computes with: ``type(self)``, or a private
-        subclass holding a torchmetrics rule for these arguments that the
-        group_values program has no formula for (formulas/fused.py runs a
-        member there only when its class's ``_formula`` is the public class's)."""
+        subclass holding torchmetrics' rule for these arguments (its own
+        statistic or formula, e.g. ``top_k > 1`` Specificity)."""
         return type(self)
 
     # -- statistics ---------------------------------------------------------

@@ -224,8 +224,8 @@ def _job_worker(rank, world, path, save):
 
 @pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
     "known limitation: the checkpoint holds one rank_<r> entry per saved rank, so a plain dcp.load at another "
-    "world size (d9d's checkpointer) raises in load_state_dict (fewer ranks) or in DCP (more ranks): a d9d job "
-    "holding these metrics cannot resume on another world size"))
+    "world size (d9d's checkpointer) raises in load_state_dict (fewer ranks) or in DCP (more ranks); d9d's own "
+    "data stream state (DataParallelMicrobatchPackStream, keyed dp_<rank>) has the same limit"))
 @pytest.mark.parametrize("load_world", [1, 4])
 def test_a_plain_load_on_another_world_size_resumes_the_global_value(tmp_path, load_world):
     path = str(tmp_path / "on2")
