@@ -12,7 +12,7 @@ skipped where its float64 [N, C] temporaries would not fit in memory.
 ``--device cuda`` (a GPU machine): providers ``cuda`` / ``cuda_raw`` (the CUDA
 kernels of ``_C``) and ``triton``, timed with ``torch.cuda.synchronize``; the
 table adds GB/s of the op's input bytes and the fraction of the measured read
-floor (the HBM estimates of docs/kernels.md, measured), and the plan adds the
+floor (the HBM estimates of bench/analysis.md, "Kernel figures", measured), and the plan adds the
 issue's sizes (1e8-element 1-D inputs, 10k-bin histograms, [16384, 128000]
 bfloat16 logits with top-5 + NLL). Default output there:
 bench/results/bench_kernels_cuda.csv.

@@ -9,7 +9,7 @@
 // (rows_scan); the log-sum-exp only with nll (class_stats_nll.cpp). Float /
 // half / bfloat16 compare in float. rows_small has a 32-byte (AVX2) build
 // beside the 16-byte one: same loop, twice the lanes. Measured figures:
-// docs/kernels.md and bench/analysis.md.
+// bench/analysis.md.
 // Specification: d9d_kernels/reference.py::class_stats.
 #include "../kernels/class_stats.h"
 

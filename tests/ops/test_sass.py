@@ -2,8 +2,8 @@
 
 The built extension is disassembled with the toolkit's cuobjdump (or the copy
 inside the triton package) and the compiled Triton kernels are read as PTX for
-sm_90, so the properties the HBM estimates in docs/kernels.md rest on are
-asserted in `make test`:
+sm_90, so the properties the HBM estimates rest on (bench/analysis.md,
+"Kernel figures") are asserted in `make test`:
 
 * PTX is embedded (TORCH_CUDA_ARCH_LIST ends in ``+PTX``: newer GPUs JIT it);
 * the 1-D kernels and the contiguous binary_stats / score_histogram walk read
