@@ -84,7 +84,7 @@ class ResumeState:
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.metric.load_state_dict(state_dict, resharding=True)
-        self.metric._storage.duplicate = as_context(self.ctx).duplicate  # as the next sync would record
+        self.metric._storage.duplicate = bool(as_context(self.ctx).duplicate)  # as a sync over ctx records it
 
 
 def for_resume(

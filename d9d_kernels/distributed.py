@@ -318,7 +318,7 @@ class DistributedContext:
         self._group = group
         self._local = False
         self._timeout = _as_timedelta(timeout)
-        self._duplicate = False
+        self._duplicate: bool | None = None
 
     # ------------------------------------------------------------ builders
     @classmethod
@@ -411,7 +411,9 @@ class DistributedContext:
             ctx._duplicate = _duplicate(mesh, kept)
             return ctx
         if math.prod(sizes[d] for d in kept) == dist.get_world_size():
-            return cls(group=dist.group.WORLD, timeout=timeout)
+            ctx = cls(group=dist.group.WORLD, timeout=timeout)
+            ctx._duplicate = False  # every dim is reduced over: no copies
+            return ctx
         return cls.from_mesh(mesh, dims=kept, timeout=timeout)
 
     # ------------------------------------------------------------ properties
@@ -452,13 +454,14 @@ class DistributedContext:
         return list(dist.get_process_group_ranks(g))
 
     @property
-    def duplicate(self) -> bool:
+    def duplicate(self) -> bool | None:
         """True when this rank's data is a copy of another rank's that a
         checkpoint resumed on another world size must not count again: the
         context came from a mesh (``from_mesh``, ``from_d9d``) and this rank
         is not the last along some dim not reduced over (tp, cp_replicate;
-        for pp, the last stage is the one that updates). Other contexts do
-        not know the job's replicas: False."""
+        for pp, the last stage is the one that updates). None when the
+        context does not know the job's replicas (a plain group, the world,
+        ``local()``): a sync over it leaves what an earlier one recorded."""
         return self._duplicate
 
     @property

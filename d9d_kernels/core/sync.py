@@ -285,7 +285,8 @@ def resolve_ctx(st: Storage, ctx):
     from d9d_kernels.distributed import as_context
 
     ctx = as_context(ctx)
-    st.duplicate = ctx.duplicate
+    if ctx.duplicate is not None:
+        st.duplicate = ctx.duplicate
     if ctx.is_local:
         return None
     return ctx

@@ -166,9 +166,12 @@ def _tp_worker(rank, world, shape, load, save, feed, save_first):
         dcp.save({"metrics": g}, checkpoint_id=save)
     g.trigger_sync(ctx)
     g.wait_sync(ctx)
+    out = {k: v.item() for k, v in g.compute().items()}
     if save is not None and not save_first:
+        g.trigger_sync()  # a sync over the world (which does not know the replicas) keeps what ctx recorded
+        g.wait_sync()
         dcp.save({"metrics": g}, checkpoint_id=save)
-    return {k: v.item() for k, v in g.compute().items()}
+    return out
 
 
 def _all_equal(out, exp):
