@@ -40,6 +40,7 @@ import re
 from typing import Any
 
 from d9d_kernels.core.metric import Metric
+from d9d_kernels.core.sync import record_duplicate
 from d9d_kernels.distributed import as_context
 
 __all__ = ["ranks_for", "metric_state_template", "for_resume", "saved_world_size", "ResumeState"]
@@ -84,7 +85,7 @@ class ResumeState:
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.metric.load_state_dict(state_dict, resharding=True)
-        self.metric._storage.duplicate = bool(as_context(self.ctx).duplicate)  # as a sync over ctx records it
+        record_duplicate(self.metric._storage, as_context(self.ctx))  # as a sync over ctx would
 
 
 def for_resume(

@@ -25,7 +25,7 @@ from d9d_kernels.core.statistic import MAX, REPLICA, SUM
 if TYPE_CHECKING:
     from d9d_kernels.core.storage import Storage
 
-__all__ = ["SyncState", "trigger", "wait", "handshake", "resolve_ctx", "rank_world", "FOLD_MAX_ELEMS", "HANDSHAKE_PAYLOAD"]
+__all__ = ["SyncState", "trigger", "wait", "handshake", "resolve_ctx", "record_duplicate", "rank_world", "FOLD_MAX_ELEMS", "HANDSHAKE_PAYLOAD"]
 
 #: MAX state x world size (elements) up to which a sync folds the MAX buffer
 #: into the one "sum" all_reduce (one row per rank) instead of a second
@@ -285,11 +285,14 @@ def resolve_ctx(st: Storage, ctx):
     from d9d_kernels.distributed import as_context
 
     ctx = as_context(ctx)
+    record_duplicate(st, ctx)
+    return None if ctx.is_local else ctx
+
+
+def record_duplicate(st: Storage, ctx) -> None:
+    """``st.duplicate = ctx.duplicate`` where the context knows it; None (no mesh) leaves the record."""
     if ctx.duplicate is not None:
         st.duplicate = ctx.duplicate
-    if ctx.is_local:
-        return None
-    return ctx
 
 
 def rank_world() -> tuple[int, int]:
