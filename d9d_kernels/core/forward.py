@@ -1,14 +1,13 @@
 """Forward: an update on a scratch copy of the state, folded in after.
 
-``forward`` must return the batch's own value, so the update runs on a
-``Scratch`` copy of the storage's buffers (reset; REPLICA slots copied from
-the state, so batch moments share the state's pivots), then the ranges of
-the statistics it ran are folded into the state: SUM added, MAX maxed (the
-kernels' ``nan_maximum``: NaN wins, a tie takes the batch's), REPLICA
-copied. The REPLICA copy is the direct update's result: an update only sets
-*unset* values (a pivot is set from the first valid element, then fixed),
-and a statistic with an unset pivot holds sums about 0 (zero, or already
-non-finite), exactly what the kernel would have added to on the state.
+``forward`` must return the batch's own value, the value a fresh metric
+gives for that batch: the update runs on a ``Scratch`` copy of the
+storage's buffers at their reset values (pivots included: the batch picks
+its own), the batch value is computed from it, then the ranges of the
+statistics it ran are folded into the state with the one rule of
+``storage.combine``: pivoted statistics aligned first (the state's pivot
+kept where it has one), SUM added, MAX maxed (the kernels' ``nan_maximum``:
+NaN wins, a tie takes the batch's), REPLICA copied.
 
 The scratch is allocated at the first forward of a storage and kept reset
 between forwards by re-filling only the ranges the last forward wrote: a
@@ -22,27 +21,29 @@ from typing import Callable
 
 import torch
 
-from d9d_kernels.core.statistic import KINDS, MAX, REPLICA, SUM
-from d9d_kernels.core.storage import format_bytes, numel
+from d9d_kernels.core.statistic import KINDS, MAX, SUM
+from d9d_kernels.core.storage import align, format_bytes, numel
 
 __all__ = ["Scratch", "run"]
 
 
-def run(st, update: Callable[[], None]) -> list[dict[str, torch.Tensor]]:
-    """Runs ``update`` on ``st``'s scratch and folds what it wrote into the
-    state (not when it raises: the state stays as it was); returns the
-    scratch views (the batch's state), valid until the next forward."""
+def run(st, update: Callable[[], None], value: Callable[[list], object]):
+    """Runs ``update`` on ``st``'s scratch, returns ``value(scratch views)``
+    (the batch's value: fresh tensors, not views of the scratch) and folds
+    what the update wrote into the state (nothing when it raises: the state
+    stays as it was)."""
     sc = st.scratch
     if sc is None:
         sc = st.scratch = Scratch(st)
     sc.begin(st)
-    ok = False
     try:
         update()
-        ok = True
     finally:
-        sc.end(st, fold=ok)
-    return sc.views
+        ran = sc.end(st)
+    try:
+        return value(sc.views)
+    finally:
+        sc.fold(st, ran)
 
 
 class Scratch:
@@ -63,7 +64,7 @@ class Scratch:
                 "compute() instead"
             ) from None
         self._cache: dict = {}  # frozenset of statistics -> their ranges
-        self.dirty = self.ranges(st, frozenset())  # a fresh copy of the reset values: the REPLICA copy only
+        self.dirty = self.ranges(st, frozenset())  # a fresh copy of the reset values
         self.saved = None  # the storage's local views while a forward runs
 
     def begin(self, st) -> None:
@@ -71,25 +72,27 @@ class Scratch:
         if self.saved is not None:
             raise RuntimeError(f"{st.label}: forward() called while another forward of the same storage runs")
         for kind, _, scr, init in self.dirty:
-            if kind != REPLICA:
-                if init is None:
-                    scr.zero_()
-                else:
-                    scr.copy_(init)
-        if st.layout.sizes[REPLICA]:
-            self.bufs[REPLICA].copy_(st.local[REPLICA])
+            if init is None:
+                scr.zero_()
+            else:
+                scr.copy_(init)
         st.touched = set()
         self.saved, st.local_views = st.local_views, self.views
 
-    def end(self, st, fold: bool) -> None:
-        """Restores the local views and, with ``fold``, folds the ranges of
-        the statistics the update ran into the state."""
+    def end(self, st) -> frozenset:
+        """Restores the local views; returns the statistics the update ran."""
         st.local_views, self.saved = self.saved, None
-        ranges = self.dirty = self.ranges(st, frozenset(st.touched))
+        ran = frozenset(st.touched)
         st.touched = None
-        if not fold:
-            return
-        for kind, loc, scr, init in ranges:
+        self.dirty = self.ranges(st, ran)
+        return ran
+
+    def fold(self, st, ran: frozenset) -> None:
+        """Folds the ranges of the statistics ``ran`` into the state."""
+        for j in ran:
+            if st.layout.has_replica(j):
+                align(st.layout.stats[j], st.local_views[j], self.views[j])
+        for kind, loc, scr, init in self.dirty:
             if kind == SUM:
                 loc.add_(scr if init is None else scr - init)  # non-zero reset values: the batch's part only
             elif kind == MAX:

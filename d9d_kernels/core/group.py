@@ -29,7 +29,7 @@ from d9d_kernels.core.metric import (
     HostValues,
     Metric,
     _GroupBase,
-    detach_from,
+    fresh,
     positional_names,
     routed_error,
     update_signature,
@@ -73,6 +73,10 @@ class MetricGroup(_GroupBase):
                 raise TypeError(f"MetricGroup: member {name!r} must be a (non-group) Metric, got {type(m).__name__}")
             if m._group is not None:
                 raise ValueError(f"MetricGroup: member {name!r} already belongs to another MetricGroup")
+            owner = m.__dict__.get("_owner")
+            if owner is not None:
+                raise ValueError(f"MetricGroup: member {name!r} is the base metric of a {type(owner).__name__}, which "
+                                 "owns its state; add a separate metric of the same configuration instead")
         if device is None:
             devs = {m.device for m in metrics.values()}
             device = devs.pop() if len(devs) == 1 else torch.device("cpu")
@@ -218,11 +222,11 @@ class MetricGroup(_GroupBase):
         else:
             on_state = []
             run = lambda: self.update(**inputs)  # noqa: E731 (the planned update, on the scratch)
-        views = run_forward(st, run)
+        members = self._members
+        vals = run_forward(st, run, lambda views: {
+            n: fresh(members[n]._compute_unchecked(members[n]._states(views)), st) for n in names})
         if on_state:
             st.run(on_state)
-        members = self._members
-        vals = {n: detach_from(members[n]._compute_unchecked(members[n]._states(views)), st) for n in names}
         return {k: members[n]._batch_value() if on else vals[n] for k, n, on in out_keys}
 
     def compute(self) -> dict[str, torch.Tensor]:
@@ -230,7 +234,8 @@ class MetricGroup(_GroupBase):
         are the member names with prefix/postfix. A member's bad-input count
         raises (CPU) or makes its value NaN (GPU) as its own ``compute()``."""
         self._warn_unsynced()
-        return {self._keys[n]: m._checked_compute(m._states()) for n, m in self._members.items()}
+        st = self._storage
+        return {self._keys[n]: fresh(m._checked_compute(m._states()), st) for n, m in self._members.items()}
 
     def bad_input_counts(self) -> dict[str, dict[str, int]]:
         """``{key: member.bad_input_counts()}`` for members that count bad inputs."""

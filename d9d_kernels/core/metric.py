@@ -30,6 +30,7 @@ import copy
 import inspect
 import math
 import warnings
+from collections.abc import Mapping
 from typing import Any, Callable
 
 import torch
@@ -39,7 +40,7 @@ from d9d_kernels.core.forward import run as run_forward
 from d9d_kernels.core.device import resolve_device
 from d9d_kernels.core.plan import planned
 from d9d_kernels.core.statistic import MAX, SUM, Slot, Statistic
-from d9d_kernels.core.storage import Layout, Storage, numel
+from d9d_kernels.core.storage import Layout, Storage, check_entry, numel
 
 
 __all__ = ["Metric", "NAN_STRATEGIES", "HostValues", "host_checks", "poisoned"]
@@ -439,17 +440,29 @@ class Metric(metaclass=_MetricMeta):
 
     def trigger_sync(self, ctx=None) -> None:
         """Snapshots the local state and launches the async collective(s)."""
+        self._whole_storage("trigger_sync")
         sync.trigger(self._storage, ctx)
 
     def wait_sync(self, ctx=None) -> None:
         """Waits for the collectives of the last ``trigger_sync``."""
+        self._whole_storage("wait_sync")
         sync.wait(self._storage)
+
+    def _whole_storage(self, op: str) -> None:
+        """Refuses an operation on a group member that would act on the whole group's storage."""
+        if self._group is not None:
+            raise RuntimeError(
+                f"{self._label}.{op}(): a member shares its group's storage, and {op} acts on all of it; "
+                f"call it on the MetricGroup (g.{op}(...)); a member's own operations are update, forward, "
+                "compute, reset, merge_state and compute_to_host"
+            )
 
     def sync(self, dist_context=None) -> None:
         """``trigger_sync(dist_context)`` then ``wait_sync(dist_context)``:
         d9d's ``Metric.sync``. Stream-ordered, no host sync: on CUDA the
         wait makes the current stream wait for the collective, so it is
         correct on the side stream d9d's collector runs it on."""
+        self._whole_storage("sync")
         self.trigger_sync(dist_context)
         self.wait_sync(dist_context)
 
@@ -461,7 +474,7 @@ class Metric(metaclass=_MetricMeta):
         local value and warns once per metric: use ``sync_and_compute(ctx)``
         (or trigger_sync / wait_sync) for the global value."""
         self._warn_unsynced()
-        return self._checked_compute(self._states())
+        return fresh(self._checked_compute(self._states()), self._storage)
 
     def _checked_compute(self, states, device: torch.device | None = None):
         """``_compute`` of ``states`` with the bad-input policy of ``device``
@@ -494,6 +507,7 @@ class Metric(metaclass=_MetricMeta):
 
     def sync_and_compute(self, ctx=None):
         """``trigger_sync(ctx)``, ``wait_sync(ctx)``, ``compute()``: the global value."""
+        self._whole_storage("sync_and_compute")
         self.trigger_sync(ctx)
         self.wait_sync(ctx)
         return self.compute()
@@ -521,8 +535,8 @@ class Metric(metaclass=_MetricMeta):
             self.update(*args, **kwargs)
             return self._batch_value()
         st = self._storage
-        views = run_forward(st, lambda: self.update(*args, **kwargs))
-        return detach_from(self._compute_unchecked(self._states(views)), st)
+        return run_forward(st, lambda: self.update(*args, **kwargs),
+                           lambda views: fresh(self._compute_unchecked(self._states(views)), st))
 
     __call__ = forward
 
@@ -596,11 +610,7 @@ class Metric(metaclass=_MetricMeta):
         st = self._storage
         if self._group is not None:
             raise ValueError(f"{self._label}.merge_state: a state_dict merges into the whole group; call it on the group")
-        schema = sd.get("schema")
-        if schema is not None and schema != st.layout.fingerprint:
-            raise ValueError(f"{self._label}.merge_state: state_dict schema {schema} does not match this metric's "
-                             f"{st.layout.fingerprint} (different members, order or configuration)")
-        entries = [sd[k] for k in sorted((k for k in sd if k.startswith("rank_")), key=lambda k: int(k[5:]))]
+        entries = self._checked_entries(sd, "merge_state")
         st.load_entries([st.entry(), *entries])
         st.dirty = True
 
@@ -625,7 +635,9 @@ class Metric(metaclass=_MetricMeta):
         """Clears local and synced state (device-side fills, no host sync).
 
         On a member of a group, resets the slots of this member's statistics
-        (shared with members that merged into them)."""
+        (shared with members that merged into them), local and synced, and
+        a sync in flight publishes them reset; the other members keep their
+        values, synced ones included."""
         if self._group is not None:
             self._storage.reset_stats(set(self._stat_map.values()))
         else:
@@ -671,19 +683,24 @@ class Metric(metaclass=_MetricMeta):
         """This rank's LOCAL state under a rank-specific key (``rank_<r>``),
         plus ``world_size`` and the schema fingerprint (see
         ``d9d_kernels.checkpoint`` for resuming on another world size)."""
+        self._whole_storage("state_dict")
         rank, world = sync.rank_world()
         st = self._storage
         return {"world_size": world, "schema": st.layout.fingerprint, f"rank_{rank}": st.entry()}
 
     def load_state_dict(self, state_dict: dict[str, Any], *, resharding: bool = False) -> None:
-        """Restores local state: the sum (max for MAX slots) of every
-        ``rank_<s>`` entry present, re-centred to one pivot; none -> reset.
+        """Restores local state: the ``combine`` (sums added, maxima maxed,
+        pivots aligned) of every ``rank_<s>`` entry present; none -> reset.
         ``resharding`` skips entries saved as duplicates (``StateEntry.duplicate``).
 
         A checkpoint saved on another world size must be loaded through
         ``d9d_kernels.checkpoint.for_resume`` (which passes ``resharding=True``):
-        loading it directly would silently drop the other saved ranks."""
+        loading it directly would silently drop the other saved ranks.
+        Anything malformed raises ``ValueError`` naming the key before the
+        state changes."""
+        self._whole_storage("load_state_dict")
         st = self._storage
+        entries = self._checked_entries(state_dict, "load_state_dict")
         saved_world = state_dict.get("world_size")
         world = sync.rank_world()[1]
         if saved_world is not None and int(saved_world) != world and not resharding:
@@ -692,16 +709,36 @@ class Metric(metaclass=_MetricMeta):
                 f"dcp.load({{key: dk.checkpoint.for_resume(metric, {int(saved_world)})}}, ...) so every saved "
                 "rank's state is loaded exactly once"
             )
-        schema = state_dict.get("schema")
-        if schema is not None and schema != st.layout.fingerprint:
-            raise ValueError(
-                f"{self._label}: checkpoint schema {schema} does not match this metric's "
-                f"{st.layout.fingerprint} (different members, order or configuration)"
-            )
-        keys = sorted((k for k in state_dict if k.startswith("rank_")), key=lambda k: int(k[5:]))
-        dups = [getattr(state_dict[k], "duplicate", False) for k in keys]  # another saved rank counts their data
-        st.load_entries([state_dict[k] for k, dup in zip(keys, dups) if not (resharding and dup)])
+        dups = [getattr(e, "duplicate", False) for e in entries]  # another saved rank counts their data
+        st.load_entries([e for e, dup in zip(entries, dups) if not (resharding and dup)])
         st.duplicate = not resharding and bool(dups) and all(dups)
+
+    def _checked_entries(self, state_dict, op: str) -> list:
+        """The ``rank_<s>`` entries of ``state_dict`` in rank order, every key
+        and entry checked (``ValueError`` naming the metric and the key)."""
+        label = f"{self._label}.{op}"
+        if not isinstance(state_dict, Mapping):
+            raise ValueError(f"{label}: expected a state_dict (a mapping with 'world_size', 'schema' and "
+                             f"'rank_<r>' entries), got {type(state_dict).__name__}")
+        st = self._storage
+        ranks = {}
+        for k, v in state_dict.items():
+            if k == "world_size":
+                if isinstance(v, bool) or not isinstance(v, (int, torch.Tensor)) or int(v) < 1:
+                    raise ValueError(f"{label}: state_dict['world_size'] must be a positive int, got {v!r}")
+            elif k == "schema":
+                if v != st.layout.fingerprint:
+                    raise ValueError(
+                        f"{label}: checkpoint schema {v!r} does not match this metric's "
+                        f"{st.layout.fingerprint} (different members, order or configuration)"
+                    )
+            elif isinstance(k, str) and k.startswith("rank_") and k[5:].isdigit():
+                check_entry(label, k, v, st.layout)
+                ranks[int(k[5:])] = v
+            else:
+                raise ValueError(f"{label}: unexpected state_dict key {k!r} (expected 'world_size', 'schema' "
+                                 "and 'rank_<r>' with r a rank number)")
+        return [ranks[r] for r in sorted(ranks)]
 
     def __repr__(self) -> str:
         """The class with the constructor arguments that differ from their
@@ -816,24 +853,19 @@ def bad_causes_hint(causes: dict[str, float] | None, nan_strategy: str) -> str:
     return f"; by cause: {parts}. Fix: {fix + '; ' if fix else ''}reset() clears the counts (they stay until then)"
 
 
-def detach_from(value, st: Storage):
-    """``value`` (a tensor or a dict of them) with any view of ``st``'s
-    scratch buffers cloned: the next forward overwrites the scratch."""
-    if st.scratch is None:
-        return value
-    bufs = tuple(st.scratch.bufs.values())
+def fresh(value, st: Storage):
+    """``value`` (a tensor, or a dict / tuple of them) with every tensor that
+    shares memory with ``st``'s buffers cloned: what compute() and forward
+    hand out never changes with later updates, resets or syncs."""
     if isinstance(value, dict):
-        return {k: _detached(v, bufs) for k, v in value.items()}
-    return _detached(value, bufs)
-
-
-def _detached(value, bufs: tuple):
+        return {k: fresh(v, st) for k, v in value.items()}
+    if isinstance(value, (tuple, list)):
+        return type(value)(fresh(v, st) for v in value)
     if not isinstance(value, torch.Tensor):
         return value
     if torch.compiler.is_compiling():  # a traced value's storage is unknown: always a copy
         return value.clone()
-    base = value if value._base is None else value._base
-    return value.clone() if any(base is b for b in bufs) else value
+    return value.clone() if st.owns(value) else value
 
 
 def _update_fn(metric: Metric) -> Callable:

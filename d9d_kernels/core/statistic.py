@@ -199,8 +199,14 @@ class Statistic:
         for k, v in replica.items():
             state[k].copy_(v)
 
-    def replica_settled(self, replica: dict[str, torch.Tensor]) -> bool:
-        """False while the chosen replica is still undetermined (e.g. no rank
-        has seen data to set a pivot): the handshake is repeated at the next
-        sync. May read ``replica`` on the host (handshake time only)."""
-        return True
+    def center(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The REPLICA values about which ``state``'s sums are most precise
+        (moments: their mean; NaN where there is no data). Torch ops only.
+        Default: the state's own."""
+        return {s.name: state[s.name] for s in self.slots() if s.kind == REPLICA}
+
+    def off_center(self, state: dict[str, torch.Tensor]) -> torch.Tensor:
+        """A 0-d bool tensor: whether ``state``'s sums, about its REPLICA
+        values, lose precision that sums about ``center(state)`` keep (a sync
+        then runs its corrective round). Torch ops only. Default: False."""
+        return torch.zeros((), dtype=torch.bool, device=next(iter(state.values())).device)

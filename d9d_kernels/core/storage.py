@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -24,7 +25,7 @@ from d9d_kernels.core.device import resolve_device
 from d9d_kernels.core.statistic import KINDS, MAX, REPLICA, SUM, Slot, Statistic
 from d9d_kernels.core.sync import SyncState, member_detail
 
-__all__ = ["Layout", "Storage", "StateEntry", "numel", "check_fits", "format_bytes"]
+__all__ = ["Layout", "Storage", "StateEntry", "numel", "check_fits", "format_bytes", "align", "combine", "check_entry"]
 
 
 def numel(shape) -> int:
@@ -40,8 +41,9 @@ class Layout:
         self.maps: list[dict[str, int]] = []  # per owner: local stat name -> merged index
         for _, metric in owners:
             m = {}
+            feed = feed_key(metric)
             for name, stat in metric._stats().items():
-                k = stat.merge_key()
+                k = (stat.merge_key(), feed)
                 if k in keys:
                     j = keys[k]
                     self.stats[j] = self.stats[j].merge(stat)
@@ -82,6 +84,10 @@ class Layout:
         self.schema = "\n".join(lines)
         self.fingerprint = hashlib.sha256(self.schema.encode()).hexdigest()[:16]
         self.detail = member_detail(owners, self)  # what a schema mismatch across ranks describes
+        # what ranks must agree on to sync: the state schema and every member's configuration
+        # (formula-only settings such as average= change no slot but change the value)
+        self.sync_schema = self.schema + "\n" + self.detail
+        self.pivoted = [j for j in range(len(self.stats)) if self.has_replica(j)]
 
     def views(self, bufs: dict[str, torch.Tensor], j: int, kinds=KINDS) -> dict[str, torch.Tensor]:
         return {
@@ -105,6 +111,18 @@ class Layout:
             return "no slots"
         _, j, s = best
         return f"{type(self.stats[j]).__name__}.{s.name} {list(s.shape)}"
+
+
+def feed_key(metric) -> str:
+    """What computes the inputs ``metric`` feeds its statistics: statistics
+    merge only when equal *and* fed by the same code, so two members never
+    share a state they would feed differently. The library's updates feed
+    shared statistics the same inputs (``tests/metrics/test_catalogue_group.py``);
+    an ``update`` defined elsewhere (a user's override) is its own feed."""
+    fn = type(metric).update
+    fn = getattr(fn, "__wrapped__", fn)
+    module = getattr(fn, "__module__", "") or ""
+    return "d9d_kernels" if module.startswith("d9d_kernels.") else f"{module}.{fn.__qualname__}"
 
 
 def format_bytes(n: float) -> str:
@@ -152,6 +170,50 @@ def check_fits(layout: "Layout", device: torch.device, label: str) -> None:
         f"that exceeds {where}. Reduce num_classes / num_bins, or use a metric with O(C) state "
         "(e.g. F1Score instead of ConfusionMatrix)"
     )
+
+
+def align(stat: Statistic, mine: dict, theirs: dict) -> None:
+    """Re-expresses two states of ``stat`` (views, all kinds) about one
+    REPLICA value, ``choose_replica`` of the two (``mine`` first)."""
+    names = [s.name for s in stat.slots() if s.kind == REPLICA]
+    chosen = stat.choose_replica([{n: mine[n] for n in names}, {n: theirs[n] for n in names}])
+    stat.adopt_replica(mine, chosen)
+    stat.adopt_replica(theirs, chosen)
+
+
+def combine(layout: Layout, j: int, mine: dict, theirs: dict) -> None:
+    """Adds ``theirs`` into ``mine`` (statistic ``j``'s views): REPLICA
+    aligned first (``align``), SUM added, MAX maxed. The one rule merges,
+    loads of several entries and forward's fold follow."""
+    if layout.has_replica(j):
+        align(layout.stats[j], mine, theirs)
+    for s, _ in layout.placed[j]:
+        if s.kind == SUM:
+            mine[s.name].add_(theirs[s.name])
+        elif s.kind == MAX:
+            torch.maximum(mine[s.name], theirs[s.name], out=mine[s.name])
+
+
+def check_entry(label: str, key: str, entry, layout: Layout) -> None:
+    """Raises ``ValueError`` naming ``label`` and ``key`` unless ``entry`` is a
+    state entry of ``layout``: a ``StateEntry`` (or mapping) holding exactly
+    the non-empty kinds as real 1-d tensors of the layout's sizes."""
+    want = {k: layout.sizes[k] for k in KINDS if layout.sizes[k]}
+    expected = "a StateEntry of " + ", ".join(f"{k!r}: float64[{n}]" for k, n in want.items())
+    if not isinstance(entry, StateEntry) and not isinstance(entry, Mapping):
+        raise ValueError(f"{label}: state_dict[{key!r}] must be {expected}, got {type(entry).__name__}")
+    keys = set(entry.keys())
+    if keys != set(want):
+        missing, extra = sorted(set(want) - keys), sorted(keys - set(want))
+        raise ValueError(f"{label}: state_dict[{key!r}] must be {expected}; "
+                         + "; ".join(x for x in (f"missing {missing}" if missing else "",
+                                                 f"unexpected {extra}" if extra else "") if x))
+    for k, n in want.items():
+        v = entry[k]
+        if not isinstance(v, torch.Tensor) or v.is_complex() or not (v.is_floating_point() or v.dtype == torch.int64) \
+                or tuple(v.shape) != (n,):
+            got = f"{v.dtype} {list(v.shape)}" if isinstance(v, torch.Tensor) else type(v).__name__
+            raise ValueError(f"{label}: state_dict[{key!r}][{k!r}] must be a float64 tensor of shape [{n}], got {got}")
 
 
 class StateEntry:
@@ -249,24 +311,10 @@ class Storage:
 
     # -- merge: another storage's state added into this one ------------------------
     def merge_stat(self, j: int, other: "Storage", jo: int) -> None:
-        """Adds statistic ``jo`` of ``other`` (same schema) into statistic ``j``:
-        SUM added, MAX maxed, REPLICA aligned first (``choose_replica`` /
-        ``adopt_replica``, e.g. moment sums re-centred to one pivot). ``other``
-        is not modified."""
-        mine = self.local_views[j]
+        """Adds statistic ``jo`` of ``other`` (same schema) into statistic ``j``
+        (``combine``). ``other`` is not modified."""
         theirs = {k: v.to(self.device, copy=True) for k, v in other.local_views[jo].items()}
-        placed = self.layout.placed[j]
-        stat = self.layout.stats[j]
-        reps = [s.name for s, _ in placed if s.kind == REPLICA]
-        if reps:
-            chosen = stat.choose_replica([{n: mine[n] for n in reps}, {n: theirs[n] for n in reps}])
-            stat.adopt_replica(mine, chosen)
-            stat.adopt_replica(theirs, chosen)
-        for s, _ in placed:
-            if s.kind == SUM:
-                mine[s.name].add_(theirs[s.name])
-            elif s.kind == MAX:
-                torch.maximum(mine[s.name], theirs[s.name], out=mine[s.name])
+        combine(self.layout, j, self.local_views[j], theirs)
         self.dirty = True
 
     def __deepcopy__(self, memo) -> "Storage":
@@ -287,7 +335,7 @@ class Storage:
             new.local[k].copy_(self.local[k])
         new._set_synced(None if self.synced is None else {k: v.clone() for k, v in self.synced.items()})
         new.dirty = self.dirty
-        new.sync = SyncState(dict(self.sync.handshakes))
+        new.sync = self.sync.copied(self.device)
         new.duplicate = self.duplicate
         return new
 
@@ -321,14 +369,10 @@ class Storage:
             self.layout.views(synced, j) for j in range(len(self.layout.stats))
         ]
 
-    def _reset_kinds(self) -> tuple[str, ...]:
-        """The kinds ``reset`` fills: REPLICA too (moment pivots re-picked
-        from the next data), unless a sync aligned them across ranks: those
-        stay, so the next sync needs no new alignment (one collective)."""
-        return (SUM, MAX) if "done" in self.sync.handshakes.values() else KINDS
-
     def reset(self) -> None:
-        for k in self._reset_kinds():
+        """Every slot to its reset value, pivots included (the next data picks
+        them afresh: a result never depends on what came before a reset)."""
+        for k in KINDS:
             self.local[k].copy_(self.init[k])
         self._set_synced(None)
         self.dirty = False
@@ -339,13 +383,31 @@ class Storage:
         if self.sync.pending is not None:
             self.sync.pending.discard = True
 
+    def fill(self, views: dict[str, torch.Tensor], j: int) -> None:
+        """Statistic ``j``'s slots in ``views`` (one buffer set's) to their reset values."""
+        for s, _ in self.layout.placed[j]:
+            views[s.name].fill_(s.init)
+
     def reset_stats(self, idxs) -> None:
-        kinds = self._reset_kinds()
+        """Statistics ``idxs`` to their reset values in the local state and in
+        the synced snapshot (the other statistics keep theirs, synced ones
+        included); a sync in flight publishes them reset."""
         for j in idxs:
-            for s, _ in self.layout.placed[j]:
-                if s.kind in kinds:
-                    self.local_views[j][s.name].fill_(s.init)
-        self.dirty = True
+            self.fill(self.local_views[j], j)
+            if self.synced_views is not None:
+                self.fill(self.synced_views[j], j)
+        if self.sync.pending is not None:
+            self.sync.pending.cleared.update(idxs)
+
+    def owns(self, t: torch.Tensor) -> bool:
+        """Whether ``t`` shares memory with one of this storage's buffers."""
+        ptr = t.untyped_storage().data_ptr()
+        bufs = [*self.local.values(), *self.init.values()]
+        for b, _ in self.snapshots:
+            bufs += b.values()
+        if self.scratch is not None:
+            bufs += self.scratch.bufs.values()
+        return any(b.untyped_storage().data_ptr() == ptr for b in bufs if b.numel())
 
     def to(self, device) -> None:
         if self.sync.pending is not None:
@@ -355,7 +417,7 @@ class Storage:
         synced = None if self.synced is None else {k: v.to(device) for k, v in self.synced.items()}
         self.device = device
         self._alloc()
-        self.sync = SyncState(self.sync.handshakes)  # its buffers were on the old device
+        self.sync = self.sync.copied(device)  # its buffers were on the old device
         for k in KINDS:
             self.local[k].copy_(local[k])
         self._set_synced(synced)
@@ -367,35 +429,17 @@ class Storage:
     def template_entry(self) -> StateEntry:
         return StateEntry({k: torch.empty_like(self.local[k]) for k in KINDS if self.layout.sizes[k]})
 
-    def load_entries(self, entries: list[dict[str, torch.Tensor]]) -> None:
-        """Replaces the local state by the merge (sum / max) of ``entries``."""
-        bufs = [{k: e.get(k, self.init[k]).to(self.device, torch.float64).clone() for k in KINDS} for e in entries]
-        for b in bufs:
-            for k in KINDS:
-                if b[k].shape != self.local[k].shape:
-                    raise ValueError(
-                        f"{self.label}: saved {k} state has shape {tuple(b[k].shape)}, "
-                        f"expected {tuple(self.local[k].shape)}"
-                    )
-        if not bufs:
-            for k in KINDS:
-                self.local[k].copy_(self.init[k])
-        elif len(bufs) == 1:
-            for k in KINDS:
-                self.local[k].copy_(bufs[0][k])
-        else:
+    def load_entries(self, entries: list) -> None:
+        """Replaces the local state by the ``combine`` of ``entries`` (checked
+        by ``check_entry``; none: reset values)."""
+        bufs = [{k: e[k].to(self.device, torch.float64, copy=True) if k in e.keys() else self.init[k].clone()
+                 for k in KINDS} for e in entries]
+        acc = bufs[0] if bufs else {k: v.clone() for k, v in self.init.items()}
+        for b in bufs[1:]:
             for j in range(len(self.layout.stats)):
-                if not self.layout.has_replica(j):
-                    continue
-                stat = self.layout.stats[j]
-                views = [self.layout.views(b, j) for b in bufs]
-                chosen = stat.choose_replica([{k: v[k] for k in self.layout.views(b, j, (REPLICA,))} for b, v in zip(bufs, views)])
-                for v in views:
-                    stat.adopt_replica(v, chosen)
-            self.local[SUM].copy_(torch.stack([b[SUM] for b in bufs]).sum(0))
-            self.local[MAX].copy_(torch.stack([b[MAX] for b in bufs]).amax(0) if self.layout.sizes[MAX] else self.init[MAX])
-            self.local[REPLICA].copy_(bufs[0][REPLICA])
-        self.sync.handshakes.clear()  # loaded pivots must be aligned again at the next sync
+                combine(self.layout, j, self.layout.views(acc, j), self.layout.views(b, j))
+        for k in KINDS:
+            self.local[k].copy_(acc[k])
         self._set_synced(None)
         self.dirty = False
         self.discard_pending()

@@ -3,12 +3,23 @@
 ``trigger`` copies the local buffers into a snapshot (two, used in turn)
 and launches ONE async "sum" ``all_reduce`` of the SUM buffer, a small MAX
 buffer riding in it (one row per rank, maxed after the wait; a large one
-gets its own "max" collective; REPLICA is never reduced). ``wait`` waits
-and publishes the snapshot, which ``compute`` reads until the next update.
-The first sync on a (storage, context) pair checks that every rank holds
-the same schema and aligns REPLICA slots such as moment pivots
-(``handshake``: one fixed-shape collective). docs/metrics_core.md §3 and
-docs/distributed.md have the details.
+gets its own "max" collective). ``wait`` waits and publishes the snapshot,
+which ``compute`` reads until the next update. The first sync on a
+(storage, context) pair checks that every rank holds the same schema and
+configuration (``handshake``: one fixed-shape collective).
+
+Pivoted statistics (REPLICA slots, e.g. moment pivots) keep local sums
+about a pivot of this rank's own data since its reset. Before the sum,
+every rank re-expresses them about the context's *reference*, a value every
+rank holds identically because it comes from the last synced values (their
+centre, e.g. the synced mean). After the wait every rank checks, on the
+same synced values, whether the reference was far from this interval's
+centre (``Statistic.off_center``); then, and only then, every rank runs one
+corrective all_reduce of the pivoted statistics' sums re-expressed about
+the synced centre. So how many collectives a sync issues, and their sizes,
+depend only on the layout and on values every rank shares, and the result
+does not depend on the world size or on what came before the last reset.
+docs/metrics_core.md §3 and docs/distributed.md have the details.
 """
 
 from __future__ import annotations
@@ -17,15 +28,14 @@ import json
 
 import torch
 
-from math import prod as numel
 from typing import TYPE_CHECKING
 
-from d9d_kernels.core.statistic import MAX, REPLICA, SUM
+from d9d_kernels.core.statistic import KINDS, MAX, REPLICA, SUM
 
 if TYPE_CHECKING:
     from d9d_kernels.core.storage import Storage
 
-__all__ = ["SyncState", "trigger", "wait", "handshake", "resolve_ctx", "record_duplicate", "rank_world", "FOLD_MAX_ELEMS", "HANDSHAKE_PAYLOAD"]
+__all__ = ["SyncState", "trigger", "wait", "handshake", "resolve_ctx", "record_duplicate", "rank_world", "FOLD_MAX_ELEMS"]
 
 #: MAX state x world size (elements) up to which a sync folds the MAX buffer
 #: into the one "sum" all_reduce (one row per rank) instead of a second
@@ -37,25 +47,36 @@ class SyncState:
     """A storage's sync bookkeeping: the snapshot the next trigger fills (two,
     used in turn: a sync fills one while compute() may still read the
     other), the folded buffers per (snapshot, world, rank), (world size,
-    rank) per context, the sync in flight and each context's handshake
-    ("schema": checked, pivots not settled yet; "done")."""
+    rank) per context, the sync in flight, the contexts whose schema was
+    checked (``handshakes``) and each context's ``references`` (a
+    REPLICA-sized buffer: what pivoted sums are re-expressed about before
+    they are summed; NaN = none yet). Handshakes and references derive only
+    from what every rank of the context shares."""
 
-    def __init__(self, handshakes: dict | None = None):
+    def __init__(self, handshakes: set | None = None, references: dict | None = None):
         self.next_snap = 0
         self.fold_bufs: dict[tuple[int, int, int], list] = {}
         self.world_ranks: dict[tuple, tuple[int, int]] = {}
         self.pending: Pending | None = None
-        self.handshakes: dict[tuple, str] = {} if handshakes is None else handshakes
+        self.handshakes: set = set() if handshakes is None else handshakes
+        self.references: dict[tuple, torch.Tensor] = {} if references is None else references
+
+    def copied(self, device: torch.device) -> "SyncState":
+        """What outlives a move or a clone: the handshakes and references (on ``device``)."""
+        return SyncState(set(self.handshakes), {k: v.to(device, copy=True) for k, v in self.references.items()})
 
 
 class Pending:
-    __slots__ = ("handles", "snapshot", "folded", "discard")
+    __slots__ = ("handles", "snapshot", "folded", "discard", "ctx", "local", "cleared")
 
-    def __init__(self, handles, snapshot, folded=None):
+    def __init__(self, handles, snapshot, folded=None, ctx=None, local=None):
         self.handles = handles
         self.snapshot = snapshot
         self.folded = folded  # folded() views when MAX rode in the sum
-        self.discard = False
+        self.discard = False  # the whole storage was reset or replaced: publish nothing
+        self.ctx = ctx
+        self.local = local  # pivoted statistics' local SUM and REPLICA values, for a corrective round
+        self.cleared: set[int] = set()  # statistics reset (a member's reset) while in flight
 
 
 def trigger(st: Storage, ctx) -> None:
@@ -71,29 +92,96 @@ def trigger(st: Storage, ctx) -> None:
     # Launch first, copy the rest after: every op between the ranks'
     # arrival and the launch delays all of them (bench_sync, world 2: ops
     # right after a barrier run several times slower than in a hot loop).
-    handles, fold, done = [], None, ()
+    handles, fold, done, local = [], None, (), None
     if ctx is not None:
         n_max = st.layout.sizes[MAX]
         world, rank = _world_rank(st, ctx) if n_max else (1, 0)
-        if n_max and n_max * world <= FOLD_MAX_ELEMS:
-            fold = folded(st, i, world, rank)
-            buf, sums, rows, mine, clean = fold
+        fold = folded(st, i, world, rank) if n_max and n_max * world <= FOLD_MAX_ELEMS else None
+        sums = snapshot[SUM] if fold is None else fold[1]
+        sums.copy_(st.local[SUM])
+        local = _to_reference(st, ctx, sums, snapshot[REPLICA])
+        if fold is not None:
+            buf, _, rows, mine, clean = fold
             if not clean:  # normally zeroed by the last wait, after its collective
                 rows.zero_()
             fold[4] = False
-            sums.copy_(st.local[SUM])
             mine.copy_(st.local[MAX])
             handles.append(ctx.all_reduce(buf, "sum"))  # SUM, MAX filled from it at wait
         else:
-            for kind, op in ((SUM, "sum"), (MAX, "max")):
-                if snapshot[kind].numel():
-                    snapshot[kind].copy_(st.local[kind])
-                    handles.append(ctx.all_reduce(snapshot[kind], op))
-        done = (SUM, MAX)
+            if sums.numel():
+                handles.append(ctx.all_reduce(sums, "sum"))
+            if n_max:
+                snapshot[MAX].copy_(st.local[MAX])
+                handles.append(ctx.all_reduce(snapshot[MAX], "max"))
+        done = (SUM, MAX) if local is None else KINDS
     for k, v in st.local.items():
         if k not in done:
             snapshot[k].copy_(v)
-    st.sync.pending = Pending(handles, i, fold)
+    st.sync.pending = Pending(handles, i, fold, ctx, local)
+
+
+
+def _to_reference(st: Storage, ctx, sums: torch.Tensor, rep: torch.Tensor):
+    """Re-expresses the pivoted statistics' sums in ``sums`` (the SUM buffer
+    about to be summed) about ``ctx``'s reference, which ``rep`` (the
+    snapshot's REPLICA buffer) then holds; returns their local SUM and
+    REPLICA values for a corrective round (None without pivoted statistics)."""
+    layout = st.layout
+    if not layout.pivoted:
+        return None
+    ref = reference(st, ctx)
+    rep.copy_(st.local[REPLICA])
+    local = {}
+    bufs = {SUM: sums, REPLICA: rep}
+    for j in layout.pivoted:
+        local[j] = {k: v.clone() for k, v in layout.views(st.local, j, (SUM, REPLICA)).items()}
+        layout.stats[j].adopt_replica(layout.views(bufs, j, (SUM, REPLICA)), layout.views({REPLICA: ref}, j, (REPLICA,)))
+    return local
+
+
+def reference(st: Storage, ctx) -> torch.Tensor:
+    """``ctx``'s reference buffer of ``st`` (REPLICA-sized; NaN until a sync set it)."""
+    ref = st.sync.references.get(ctx.cache_key)
+    if ref is None:
+        ref = st.sync.references[ctx.cache_key] = torch.full_like(st.init[REPLICA], float("nan"))
+    return ref
+
+
+def _settle(st: Storage, p: Pending, snapshot: dict, views: list) -> None:
+    """After the sum: the corrective round when any pivoted statistic's
+    synced sums are off-centre (every rank reads the same synced values, so
+    every rank decides alike), then the reference moves to the synced centre."""
+    layout = st.layout
+    piv = layout.pivoted
+    stats = [layout.stats[j] for j in piv]
+    off = torch.stack([s.off_center(views[j]).reshape(()) for s, j in zip(stats, piv)]).any()
+    centre = {REPLICA: torch.full_like(snapshot[REPLICA], float("nan"))}
+    for s, j in zip(stats, piv):
+        for k, v in s.center(views[j]).items():
+            layout.views(centre, j, (REPLICA,))[k].copy_(v)
+    ref = reference(st, p.ctx)
+    centre = centre[REPLICA]
+    torch.where(torch.isnan(centre), ref, centre, out=centre)  # no data this interval: the reference stays
+    if bool(off):  # host read of a value every rank holds: the same decision on every rank
+        parts = []
+        for s, j in zip(stats, piv):
+            s.adopt_replica(p.local[j], layout.views({REPLICA: centre}, j, (REPLICA,)))
+            parts += [v.reshape(-1) for k, v in p.local[j].items() if k in _sum_slots(layout, j)]
+        buf = torch.cat(parts)
+        p.ctx.all_reduce(buf, "sum").wait()
+        pos = 0
+        for j in piv:
+            for k, v in views[j].items():
+                if k in _sum_slots(layout, j):
+                    v.copy_(buf[pos : pos + v.numel()].view(v.shape))
+                    pos += v.numel()
+                else:
+                    v.copy_(layout.views({REPLICA: centre}, j, (REPLICA,))[k])
+    ref.copy_(centre)
+
+
+def _sum_slots(layout, j: int) -> set[str]:
+    return {s.name for s, _ in layout.placed[j] if s.kind == SUM}
 
 
 def _world_rank(st: Storage, ctx) -> tuple[int, int]:
@@ -111,10 +199,9 @@ def folded(st: Storage, i: int, world: int, rank: int) -> list:
     ``buf = [SUM | world x MAX]`` goes through ONE "sum" all_reduce with
     this rank's MAX values in its own row and zeros in the others (x + 0
     is exact, NaN and +-inf included), so the reduced rows hold every
-    rank's MAX values. A second gloo collective cost ~0.2 ms at world 2
-    and ~4 ms at world 4 here (bench/analysis.md), far more than these
-    extra bytes. Allocated once per (snapshot, world, rank); the rows are
-    zeroed after each wait (one op less before the launch)."""
+    rank's MAX values. A second gloo collective costs far more than these
+    extra bytes (bench/analysis.md). Allocated once per (snapshot, world,
+    rank); the rows are zeroed after each wait (one op less before the launch)."""
     key = (i, world, rank)
     views = st.sync.fold_bufs.get(key)
     if views is None:
@@ -134,122 +221,46 @@ def wait(st: Storage) -> None:
     for h in p.handles:
         h.wait()
     f = p.folded
-    if p.discard:  # reset() between trigger and wait: the result is stale
-        if f is not None:
-            f[2].zero_()
-            f[4] = True
-        return
-    snapshot = st.snapshots[p.snapshot][0]
+    snapshot, views = st.snapshots[p.snapshot]
     if f is not None:
         snapshot[SUM].copy_(f[1])
         torch.amax(f[2], dim=0, out=snapshot[MAX])
         f[2].zero_()
         f[4] = True
+    if p.local is not None:  # every rank takes part, whatever this rank did in between
+        _settle(st, p, snapshot, views)
+    if p.discard:  # reset() or a load between trigger and wait: the result is stale
+        return
+    for j in p.cleared:  # a member's reset between trigger and wait: its part is stale
+        st.fill(views[j], j)
     st.synced = snapshot
-    st.synced_views = st.snapshots[p.snapshot][1]
+    st.synced_views = views
     st.dirty = False
 
 
 def handshake(st: Storage, ctx) -> None:
-    """First sync of ``st`` on ``ctx``: same schema on every rank, REPLICA slots aligned.
+    """First sync of ``st`` on ``ctx``: the same schema and configuration on every rank.
 
-    ONE fixed-shape MAX all_reduce (``ctx.handshake``) checks the schema's
-    64-bit fingerprint and carries rank 0's REPLICA values (``-inf`` from
-    the other ranks, NaN sent as ``-inf``: REPLICA values are finite or NaN
-    = unset; the first ``HANDSHAKE_PAYLOAD`` doubles, the rest in one more
-    MAX). A statistic whose rank-0 replica is not settled (rank 0 saw no data
-    yet) takes the lowest settled rank's instead: one MAX of ``-rank`` per
-    such statistic, then one SUM carrying the chosen ranks' values. Nothing
-    here touches the store or grows with the world size. Until every
-    statistic is settled (no rank has data yet) the handshake repeats at the
-    next sync.
+    ONE fixed-shape MAX all_reduce (``ctx.handshake``) compares a hash of
+    ``layout.sync_schema`` (the state schema and every member's
+    configuration, formula-only settings included); on a mismatch every
+    rank raises ``ValueError`` naming the differing members. Nothing here
+    touches the store or grows with the world size.
     """
     from d9d_kernels.distributed import explain_members
 
     key = ctx.cache_key
-    if st.sync.handshakes.get(key) == "done":
+    if key in st.sync.handshakes:
         return
     layout = st.layout
-    rep_idx = [j for j in range(len(layout.stats)) if layout.has_replica(j)]
-    n_rep = layout.sizes[REPLICA] if rep_idx else 0
-    rank = ctx.rank
-    head = min(n_rep, HANDSHAKE_PAYLOAD)
-    # the same length on every rank whatever its schema: ranks that built
-    # different groups must still issue the same collective
-    payload = torch.full((HANDSHAKE_PAYLOAD,), _NONE, dtype=torch.float64, device=st.device)
-    if rank == 0 and head:
-        payload[:head].copy_(_send(st.local[REPLICA][:head]))
-    got = ctx.handshake(
-        layout.schema,
-        f"metric schema of {st.label} (members, order, statistics, slot shapes)",
-        payload=payload,
+    ctx.handshake(
+        layout.sync_schema,
+        f"metric schema of {st.label} (members, order, configuration, statistics, slot shapes)",
+        device=st.device,
         detail=lambda: layout.detail,
         explain=explain_members,  # d9d_kernels.distributed: the details below, per member in words
     )
-    if not rep_idx:
-        st.sync.handshakes[key] = "done"
-        return
-    chosen = torch.empty(n_rep, dtype=torch.float64, device=st.device)
-    chosen[:head].copy_(_received(got[:head]))
-    if n_rep > head:  # the rest of rank 0's values
-        rest = torch.full((n_rep - head,), _NONE, dtype=torch.float64, device=st.device)
-        if rank == 0:
-            rest.copy_(_send(st.local[REPLICA][head:]))
-        ctx.all_reduce(rest, "max").wait()
-        chosen[head:].copy_(_received(rest))
-    buf = {REPLICA: chosen}
-    # host reads of the (small) REPLICA buffers: handshake only, not per step
-    open_idx = [j for j in rep_idx if not layout.stats[j].replica_settled(layout.views(buf, j, (REPLICA,)))]
-    if open_idx:
-        _lowest_settled(st, ctx, open_idx, chosen)
-    settled = True
-    for j in rep_idx:
-        stat = layout.stats[j]
-        mine = layout.views(buf, j, (REPLICA,))
-        stat.adopt_replica(st.local_views[j], mine)
-        settled = settled and stat.replica_settled(mine)
-    st.sync.handshakes[key] = "done" if settled else "schema"
-
-
-#: REPLICA doubles that ride in the handshake collective (2 KiB with its
-#: 4-double header: latency-bound, as cheap as 8 bytes on any network).
-HANDSHAKE_PAYLOAD = 252
-_NONE = float("-inf")  # "no value" in a MAX: what ranks other than the sender contribute
-
-
-def _send(v: torch.Tensor) -> torch.Tensor:
-    return torch.where(torch.isnan(v), _NONE, v)
-
-
-def _received(v: torch.Tensor) -> torch.Tensor:
-    return torch.where(v == _NONE, float("nan"), v)
-
-
-def _lowest_settled(st: Storage, ctx, open_idx: list[int], chosen: torch.Tensor) -> None:
-    """Writes into ``chosen`` the REPLICA values of statistics ``open_idx``
-    from the lowest rank whose own values are settled (untouched if none)."""
-    layout, rank = st.layout, ctx.rank
-    own = {REPLICA: st.local[REPLICA]}
-    mine = [layout.stats[j].replica_settled(layout.views(own, j, (REPLICA,))) for j in open_idx]
-    prio = torch.tensor([-float(rank) if s else float("-inf") for s in mine], dtype=torch.float64, device=st.device)
-    ctx.all_reduce(prio, "max").wait()
-    lowest = prio.tolist()
-    if all(p == float("-inf") for p in lowest):
-        return
-    vals = torch.zeros_like(chosen)
-    for j, p in zip(open_idx, lowest):
-        if p == -float(rank):
-            for s, o in layout.placed[j]:
-                if s.kind == REPLICA:
-                    n = numel(s.shape)
-                    vals[o : o + n].copy_(st.local[REPLICA][o : o + n])
-    ctx.all_reduce(vals, "sum").wait()
-    for j, p in zip(open_idx, lowest):
-        if p != float("-inf"):
-            for s, o in layout.placed[j]:
-                if s.kind == REPLICA:
-                    n = numel(s.shape)
-                    chosen[o : o + n].copy_(vals[o : o + n])
+    st.sync.handshakes.add(key)
 
 
 def member_detail(owners: list, layout) -> str:

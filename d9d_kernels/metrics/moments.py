@@ -149,9 +149,41 @@ class MomentsStatistic(Shareable):
         state["moments"].copy_(recenter_moments(state["moments"], state["pivot"], new))
         state["pivot"].copy_(new)
 
-    def replica_settled(self, replica) -> bool:
-        p = replica["pivot"].reshape(-1, 2)
-        return not bool(torch.isnan(p[:, : 1 + self.paired]).any())
+    def center(self, state):
+        """Per component, the pivot plus the weighted mean offset (the data's
+        mean): NaN without data, and for ``y`` when not paired."""
+        m, pivot = state["moments"], state["pivot"]
+        w = m[..., :1]
+        mean = torch.nan_to_num(pivot, nan=0.0) + torch.stack([m[..., 1], m[..., 3]], -1) / w
+        keep = torch.isfinite(mean) & (w > 0)
+        if not self.paired:
+            keep = keep & torch.tensor([True, False], device=keep.device)
+        return {"pivot": torch.where(keep, mean, float("nan"))}
+
+    def off_center(self, state):
+        """Whether sums about the pivot lose more than ``OFF_CENTER`` ulps
+        that sums about the mean keep: for the mean, ``(|d| + |pivot|) /
+        (|mean| + std)`` with ``d`` the mean's offset from the pivot; with
+        ``paired`` (regression: central second moments are read) also
+        ``d² / var`` (a floor of ``2**-40`` of the pivot in ``var`` absorbs the
+        rounding of a centre re-picked on constant data)."""
+        m = state["moments"]
+        w = m[..., 0]
+        pivot = torch.nan_to_num(state["pivot"], nan=0.0)
+        off = torch.zeros_like(w, dtype=torch.bool)
+        for k, i in ((0, 1), (1, 3)):
+            d = m[..., i] / w
+            var = m[..., i + 1] / w - d * d
+            p = pivot[..., k]
+            lost = (d.abs() + p.abs()) / ((p + d).abs() + var.clamp(min=0).sqrt())
+            if self.paired:
+                lost = torch.maximum(lost, d * d / (var + (p * 2.0**-40) ** 2))
+            off |= (w > 0) & (lost > OFF_CENTER)
+        return off.any()
+
+
+#: ulps lost to an off-centre pivot above which a sync re-sums pivoted moments about their mean
+OFF_CENTER = 1e3
 
 
 @statistic

@@ -97,6 +97,9 @@ class Running(Metric):
         A.check_int("Running", "window", window)
         d = self.__dict__
         d["_base"] = base_metric
+        A.check(base_metric.__dict__.get("_owner") is None, "Running", "base_metric",
+                "already belongs to another Running: give each wrapper its own base metric")
+        base_metric.__dict__["_owner"] = self  # a MetricGroup refuses it: its state is this wrapper's
         d["_label"] = f"Running({base_metric._label})"
         self.window = window
         sizes = base_metric._storage.layout.sizes

@@ -193,4 +193,5 @@ def test_forward_under_fullgraph_compile():
         assert v.item() == pytest.approx(x.mean().item(), rel=1e-14)
         ref.update(x)
     assert m.compute().item() == pytest.approx(torch.cat(xs).mean().item(), rel=1e-14)
-    _same_bits(_state_bits(m), _state_bits(ref))
+    # each batch is summed about its own pivot, then re-expressed about the state's: equal to rounding
+    assert m.compute().item() == pytest.approx(ref.compute().item(), rel=1e-14)

@@ -1,10 +1,14 @@
 """A hypothesis state machine over the lifecycle: random sequences of group
-and member updates (positional and keyword), forwards, resets, syncs (one
-with a load_state_dict in flight), checkpoints, clones, ``to`` and a
-subclass that transforms its inputs, checked after every step against plain
-PyTorch over the data seen since each metric's last reset. Every cache the
-fast paths keep (update plans, compiled runners, forward scratch, fused
-compute plans, input memos, pivots) must stay invisible."""
+and member updates (positional and keyword), forwards (some after far-away
+data), resets (of the group and of members, some between trigger_sync and
+wait_sync), syncs (one with a load_state_dict in flight), checkpoints,
+member state_dict / load_state_dict (refused, nothing changes), clones,
+``to`` and a subclass that transforms its inputs, checked after every step
+against plain PyTorch over the data seen since each metric's last reset;
+every compute() result kept along the way must keep its numbers. Every
+cache the fast paths keep (update plans, forward scratch, pivots, sync
+references) must stay invisible. The 2-rank variant (rank-local calls on
+one rank only, then a sync) is tests/core/test_edges_distributed.py."""
 
 from __future__ import annotations
 
@@ -43,6 +47,7 @@ class Lifecycle(RuleBasedStateMachine):
         self.scaled = Scaled()
         self.seen = {k: [] for k in ("loss", "n", "mx", "acc", "ppl", "solo", "scaled")}
         self.gen = torch.Generator().manual_seed(0)
+        self.kept = []  # (a compute() result, a copy of its numbers)
 
     def _values(self, n, scale):
         return torch.randn(n, generator=self.gen, dtype=torch.float64) * scale
@@ -69,9 +74,23 @@ class Lifecycle(RuleBasedStateMachine):
         x = self._values(n, scale)
         v = self.g["loss"](x)
         self.seen["loss"].append(x)
-        # the batch's moments share the state's pivot (the first value since the reset): exact to its scale
-        pivot = abs(torch.cat(self.seen["loss"])[0].item())
-        assert math.isclose(v.item(), x.mean().item(), rel_tol=1e-9, abs_tol=1e-9 * max(scale, pivot))
+        # a fresh metric's value for this batch, whatever the state holds (its pivot included)
+        assert math.isclose(v.item(), x.mean().item(), rel_tol=1e-12, abs_tol=1e-12 * x.abs().max().item())
+
+    @rule(n=SIZES, scale=SCALES)
+    def forward_after_far_data(self, n, scale):
+        far = self._values(3, 1.0) + 1e9
+        self.g.update(values=far)
+        for k in ("loss", "n", "mx"):
+            self.seen[k].append(far)
+        self.member_forward(n, scale)
+
+    @rule()
+    def keep_results(self):
+        vals = self.g.compute()
+        self.kept.append((vals, {k: v.clone() for k, v in vals.items()}))
+        solo = self.solo.compute()
+        self.kept.append((solo, solo.clone()))
 
     @rule(n=SIZES)
     def group_forward(self, n):
@@ -114,7 +133,23 @@ class Lifecycle(RuleBasedStateMachine):
     @rule()
     def sync(self):
         self.g.sync()
-        self.solo.sync(None)
+        (self.solo if self.solo._group is None else self.solo._group).sync(None)
+
+    @rule(which=st.sampled_from(["group", "loss", "acc"]))
+    def reset_in_flight(self, which):
+        self.g.trigger_sync()
+        self.reset(which)
+        self.g.wait_sync()
+
+    @rule(member=st.sampled_from(["loss", "acc"]), op=st.sampled_from(["state_dict", "load_state_dict"]))
+    def member_checkpoint_is_refused(self, member, op):
+        args = (self.g.state_dict(),) if op == "load_state_dict" else ()
+        try:
+            getattr(self.g[member], op)(*args)
+        except RuntimeError as e:
+            assert "call it on the MetricGroup" in str(e)
+        else:
+            raise AssertionError(f"a member's {op} acted on the whole group")
 
     @precondition(lambda self: self.solo._group is None)
     @rule(n=SIZES)
@@ -150,6 +185,15 @@ class Lifecycle(RuleBasedStateMachine):
         g = dk.MetricGroup({"other": dk.SumMetric(), "solo": self.solo})
         g["other"].update(100.0)
         self.solo = g["solo"]
+
+    @invariant()
+    def kept_results_keep_their_numbers(self):
+        for got, want in getattr(self, "kept", ()):
+            if isinstance(got, dict):
+                for k in got:
+                    torch.testing.assert_close(got[k], want[k], rtol=0, atol=0, equal_nan=True)
+            else:
+                torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
 
     @invariant()
     def values_match_plain_torch(self):
