@@ -15,8 +15,7 @@
   ``IGNORE_INDEX`` (-100) are left out by every member; nothing reads a
   tensor on the host.
 
-d9d's own loop (``d9d.loop.run``) needs CUDA: its metric collector moves the
-metrics to ``"cuda"`` and syncs and computes them on a side CUDA stream. So
+d9d's own loop (``d9d.loop.run``) needs CUDA (docs/d9d.md lists where). So
 that this file runs on any machine, ``main`` drives the same calls the loop
 makes, in the loop's order, on CPU with a tiny random model:
 ``build_forward_inputs`` -> model -> ``compute_loss`` -> backward ->
@@ -24,8 +23,9 @@ makes, in the loop's order, on CPU with a tiny random model:
 ``AsyncMetricCollector.schedule_collection`` / ``collect_results`` do:
 ``metrics.sync(dist_context)`` when the context is distributed, a copy of
 ``metrics.compute()``, ``metrics.reset()``. The context is a non-distributed
-d9d ``DistributedContext`` (built without its constructor, which calls
-``torch.cuda.set_device``), so, as in d9d's collector, no sync runs.
+d9d ``DistributedContext`` from ``DeviceMeshParameters().build()`` (see
+``local_dist_context``), so, as in d9d's collector, no sync runs. d9d's real
+trainer runs this task in ``tests/d9d/test_d9d_trainer.py``.
 
     python examples/d9d_task.py [--steps 6] [--microbatches 2] [--log-every 3] [--vocab 50]
 """
@@ -36,6 +36,7 @@ import argparse
 import logging
 import sys
 from dataclasses import dataclass
+from unittest import mock
 
 import torch
 import torch.nn.functional as F
@@ -165,19 +166,17 @@ class TinyLM(torch.nn.Module):
 
 
 def local_dist_context() -> DistributedContext:
-    """A non-distributed d9d ``DistributedContext`` on a CPU-only machine.
+    """A non-distributed d9d ``DistributedContext``, built by d9d's own constructor.
 
-    ``DeviceMeshParameters().build()`` calls ``torch.cuda.set_device``; this
-    sets the attributes its constructor sets for a non-distributed run."""
-    ctx = object.__new__(DistributedContext)
-    ctx._params = DeviceMeshParameters()
-    ctx._meshes = {}
-    ctx._num_nodes = 1
-    ctx._logger = logging.getLogger("d9d_task")
-    ctx._local_rank = ctx._global_rank = ctx._node_rank = 0
-    ctx._master_addr = "127.0.0.1"
-    ctx._current_device = torch.device("cpu")
-    return ctx
+    On a machine without CUDA, the constructor's two CUDA calls are held off
+    while it runs: it divides the rank by ``torch.cuda.device_count()`` (0
+    there) and calls ``torch.cuda.set_device`` (d9d/core/dist_context/configured.py).
+    Nothing else of the context touches CUDA in a non-distributed run."""
+    params = DeviceMeshParameters()
+    if torch.cuda.is_available():
+        return params.build()
+    with mock.patch.object(torch.cuda, "device_count", return_value=1), mock.patch.object(torch.cuda, "set_device"):
+        return params.build(log_level=logging.WARNING)
 
 
 def make_batch(gen: torch.Generator, vocab: int, batch: int, seq: int) -> dict:
