@@ -36,6 +36,7 @@ import argparse
 import logging
 import sys
 from dataclasses import dataclass
+from typing import cast
 from unittest import mock
 
 import torch
@@ -91,7 +92,7 @@ class LMTask(TrainTask):
         return CreateMetricsResult(metrics={"train": g})
 
     def update_metrics(self, ctx: UpdateMetricsContext) -> None:
-        g, s = ctx.metrics["train"], ctx.state
+        g, s = cast(dk.MetricGroup, ctx.metrics["train"]), ctx.state  # d9d types the children as its Metric
         g["loss"].update(values=s["loss"], weights=s["tokens"])
         g["tokens"].update(values=s["tokens"])
         g.update(preds=s["logits"], target=s["labels"])  # acc, top5, ppl: the members taking (preds, target)
@@ -141,7 +142,7 @@ class HiddenLMTask(LMTask):
         return ComputeLossResult(loss=loss, loss_weight=tokens.to(loss.dtype))
 
     def update_metrics(self, ctx: UpdateMetricsContext) -> None:
-        g, s = ctx.metrics["train"], ctx.state
+        g, s = cast(dk.MetricGroup, ctx.metrics["train"]), ctx.state  # d9d types the children as its Metric
         g["loss"].update(values=s["loss"], weights=s["tokens"])
         g["tokens"].update(values=s["tokens"])
         step = self._calls // self.microbatches + 1
@@ -208,15 +209,16 @@ def run(steps: int = 6, microbatches: int = 2, log_every: int = 3, vocab: int = 
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     # d9d.loop.run.train: metrics = ComposeMetric(task.create_metrics(CreateMetricsContext()).metrics)
     metrics = ComposeMetric(task.create_metrics(CreateMetricsContext()).metrics)
-    out, seen, window = Run([], []), [], []
+    out, window = Run([], []), []
     for step in range(1, steps + 1):
         opt.zero_grad()
         for _ in range(microbatches):  # one step's pack
             inputs = task.build_forward_inputs(BuildForwardInputsContext(batch=make_batch(gen, vocab, batch, seq)))
             state = inputs.state
             result = task.compute_loss(ComputeLossContext(pipeline_results=model(**inputs.input), state=state,
-                                                          schedule=None))
+                                                          schedule=None))  # type: ignore[arg-type]  # no JobSchedule outside d9d's loop
             # d9d's LossComputer backpropagates loss * weight; its gradient manager divides by the total weight
+            assert result.loss_weight is not None  # the tasks above always give the token count
             (result.loss * result.loss_weight).backward()
             task.update_metrics(UpdateMetricsContext(state=state, metrics=metrics.children))
             if hidden:  # what the logits were, for the caller's checks (never made by the metrics)
@@ -224,13 +226,14 @@ def run(steps: int = 6, microbatches: int = 2, log_every: int = 3, vocab: int = 
             window.append({k: state[k] for k in ("logits", "labels", "loss", "tokens")})
         total = sum(float(mb["tokens"]) for mb in window[-microbatches:])
         for p in model.parameters():
-            p.grad /= max(total, 1.0)
+            if p.grad is not None:
+                p.grad /= max(total, 1.0)
         opt.step()
         if step % log_every == 0 or step == steps:
             # AsyncMetricCollector.schedule_collection + collect_results, on the current stream
             if dist_context.mesh_params.is_distributed:
                 metrics.sync(dist_context)
-            values = pytree.tree_map(lambda x: x.clone(), metrics.compute())
+            values = pytree.tree_map(lambda x: cast(torch.Tensor, x).clone(), metrics.compute())
             metrics.reset()
             out.logged.append((step, values))
             out.microbatches.append(window)
