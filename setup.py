@@ -111,6 +111,7 @@ setup(
     name="d9d_kernels",
     version="0.1.0",
     packages=find_packages(include=["d9d_kernels", "d9d_kernels.*"]),
+    package_data={"d9d_kernels": ["py.typed"]},  # PEP 561: type checkers read the package's annotations
     ext_modules=exts,
     cmdclass={"build_ext": cpp_extension.BuildExtension.with_options(use_ninja=True)},
 )

@@ -13,13 +13,17 @@ d9d nor torch, and the order of the imports does not matter.
 
 d9d's ``DistributedContext`` is accepted wherever a ``ctx`` is: see
 ``DistributedContext.from_d9d`` in ``d9d_kernels.distributed``.
+
+d9d's tracker logs scalars only (``d9d.tracker.Scalar`` raises "A scalar must
+have one element"); ``Scalars(metric)`` makes vector results (``average="none"``,
+``ConfusionMatrix``, per-class curves) loggable as one scalar per element.
 """
 
 from __future__ import annotations
 
 import sys
 
-__all__ = ["install", "register"]
+__all__ = ["Scalars", "install", "register", "split_vectors"]
 
 _WATCHED = ("d9d.metric", "d9d_kernels.core.metric")
 
@@ -33,9 +37,78 @@ def register() -> bool:
     ours = getattr(core_metric, "Metric", None)
     if base is None or ours is None:
         return False
-    if not issubclass(ours, base):
-        base.register(ours)
+    for cls in (ours, Scalars):
+        if not issubclass(cls, base):
+            base.register(cls)
     return True
+
+
+def split_vectors(tree):
+    """``tree`` with every tensor of more than one element replaced by
+    ``{"0": t[0], "1": t[1], ...}`` (recursively, so a matrix gives
+    ``{"i": {"j": t[i, j]}}``); dicts are walked, other leaves kept. d9d's
+    ``JobLogger`` joins the keys with "/": ``train/f1/3``, ``train/cm/1/2``."""
+    if isinstance(tree, dict):
+        return {k: split_vectors(v) for k, v in tree.items()}
+    if getattr(tree, "ndim", 0) > 0 and tree.numel() != 1:
+        return {str(i): split_vectors(tree[i]) for i in range(tree.shape[0])}
+    return tree
+
+
+class Scalars:
+    """A dk metric or group as a d9d metric whose results d9d's tracker can log.
+
+    ``compute()`` is the wrapped metric's with vector results split into one
+    scalar per element (``split_vectors``): with ``{"train": Scalars(g)}`` from
+    ``create_metrics``, a member ``"f1"`` with ``average="none"`` is logged as
+    ``train/f1/0``, ``train/f1/1``, ... . Everything else (``update``,
+    ``sync``, ``reset``, ``to``, ``state_dict``, ``g["name"]``, attributes) is
+    the wrapped metric's, so checkpoints are the same.
+
+    Example:
+        >>> import torch, d9d_kernels as dk
+        >>> from d9d_kernels.d9d import Scalars
+        >>> m = Scalars(dk.MetricGroup({"f1": dk.F1Score(task="multiclass", num_classes=3, average="none")}))
+        >>> m.update(preds=torch.tensor([0, 1, 1]), target=torch.tensor([0, 1, 2]))
+        >>> {k: round(v.item(), 3) for k, v in m.compute()["f1"].items()}
+        {'0': 1.0, '1': 0.667, '2': 0.0}
+    """
+
+    def __init__(self, metric):
+        self.metric = metric
+
+    def update(self, *args, **kwargs):
+        return self.metric.update(*args, **kwargs)
+
+    def sync(self, dist_context) -> None:
+        self.metric.sync(dist_context)
+
+    def compute(self):
+        return split_vectors(self.metric.compute())
+
+    def reset(self) -> None:
+        self.metric.reset()
+
+    def to(self, device) -> "Scalars":
+        self.metric.to(device)
+        return self
+
+    def state_dict(self) -> dict:
+        return self.metric.state_dict()
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.metric.load_state_dict(state_dict)
+
+    def __getitem__(self, name):
+        return self.metric[name]
+
+    def __getattr__(self, name):
+        if name == "metric":  # not set yet (unpickling, copying): no recursion
+            raise AttributeError(name)
+        return getattr(self.metric, name)
+
+    def __repr__(self) -> str:
+        return f"Scalars({self.metric!r})"
 
 
 class _Loader:

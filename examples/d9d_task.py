@@ -15,8 +15,7 @@
   ``IGNORE_INDEX`` (-100) are left out by every member; nothing reads a
   tensor on the host.
 
-d9d's own loop (``d9d.loop.run``) needs CUDA: its metric collector moves the
-metrics to ``"cuda"`` and syncs and computes them on a side CUDA stream. So
+d9d's own loop (``d9d.loop.run``) needs CUDA (docs/d9d.md lists where). So
 that this file runs on any machine, ``main`` drives the same calls the loop
 makes, in the loop's order, on CPU with a tiny random model:
 ``build_forward_inputs`` -> model -> ``compute_loss`` -> backward ->
@@ -24,8 +23,9 @@ makes, in the loop's order, on CPU with a tiny random model:
 ``AsyncMetricCollector.schedule_collection`` / ``collect_results`` do:
 ``metrics.sync(dist_context)`` when the context is distributed, a copy of
 ``metrics.compute()``, ``metrics.reset()``. The context is a non-distributed
-d9d ``DistributedContext`` (built without its constructor, which calls
-``torch.cuda.set_device``), so, as in d9d's collector, no sync runs.
+d9d ``DistributedContext`` from ``DeviceMeshParameters().build()`` (see
+``local_dist_context``), so, as in d9d's collector, no sync runs. d9d's real
+trainer runs this task in ``tests/d9d/test_d9d_trainer.py``.
 
     python examples/d9d_task.py [--steps 6] [--microbatches 2] [--log-every 3] [--vocab 50]
 """
@@ -36,6 +36,8 @@ import argparse
 import logging
 import sys
 from dataclasses import dataclass
+from typing import cast
+from unittest import mock
 
 import torch
 import torch.nn.functional as F
@@ -90,7 +92,7 @@ class LMTask(TrainTask):
         return CreateMetricsResult(metrics={"train": g})
 
     def update_metrics(self, ctx: UpdateMetricsContext) -> None:
-        g, s = ctx.metrics["train"], ctx.state
+        g, s = cast(dk.MetricGroup, ctx.metrics["train"]), ctx.state  # d9d types the children as its Metric
         g["loss"].update(values=s["loss"], weights=s["tokens"])
         g["tokens"].update(values=s["tokens"])
         g.update(preds=s["logits"], target=s["labels"])  # acc, top5, ppl: the members taking (preds, target)
@@ -140,7 +142,7 @@ class HiddenLMTask(LMTask):
         return ComputeLossResult(loss=loss, loss_weight=tokens.to(loss.dtype))
 
     def update_metrics(self, ctx: UpdateMetricsContext) -> None:
-        g, s = ctx.metrics["train"], ctx.state
+        g, s = cast(dk.MetricGroup, ctx.metrics["train"]), ctx.state  # d9d types the children as its Metric
         g["loss"].update(values=s["loss"], weights=s["tokens"])
         g["tokens"].update(values=s["tokens"])
         step = self._calls // self.microbatches + 1
@@ -165,19 +167,17 @@ class TinyLM(torch.nn.Module):
 
 
 def local_dist_context() -> DistributedContext:
-    """A non-distributed d9d ``DistributedContext`` on a CPU-only machine.
+    """A non-distributed d9d ``DistributedContext``, built by d9d's own constructor.
 
-    ``DeviceMeshParameters().build()`` calls ``torch.cuda.set_device``; this
-    sets the attributes its constructor sets for a non-distributed run."""
-    ctx = object.__new__(DistributedContext)
-    ctx._params = DeviceMeshParameters()
-    ctx._meshes = {}
-    ctx._num_nodes = 1
-    ctx._logger = logging.getLogger("d9d_task")
-    ctx._local_rank = ctx._global_rank = ctx._node_rank = 0
-    ctx._master_addr = "127.0.0.1"
-    ctx._current_device = torch.device("cpu")
-    return ctx
+    On a machine without CUDA, the constructor's two CUDA calls are held off
+    while it runs: it divides the rank by ``torch.cuda.device_count()`` (0
+    there) and calls ``torch.cuda.set_device`` (d9d/core/dist_context/configured.py).
+    Nothing else of the context touches CUDA in a non-distributed run."""
+    params = DeviceMeshParameters()
+    if torch.cuda.is_available():
+        return params.build()
+    with mock.patch.object(torch.cuda, "device_count", return_value=1), mock.patch.object(torch.cuda, "set_device"):
+        return params.build(log_level=logging.WARNING)
 
 
 def make_batch(gen: torch.Generator, vocab: int, batch: int, seq: int) -> dict:
@@ -209,15 +209,16 @@ def run(steps: int = 6, microbatches: int = 2, log_every: int = 3, vocab: int = 
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     # d9d.loop.run.train: metrics = ComposeMetric(task.create_metrics(CreateMetricsContext()).metrics)
     metrics = ComposeMetric(task.create_metrics(CreateMetricsContext()).metrics)
-    out, seen, window = Run([], []), [], []
+    out, window = Run([], []), []
     for step in range(1, steps + 1):
         opt.zero_grad()
         for _ in range(microbatches):  # one step's pack
             inputs = task.build_forward_inputs(BuildForwardInputsContext(batch=make_batch(gen, vocab, batch, seq)))
             state = inputs.state
             result = task.compute_loss(ComputeLossContext(pipeline_results=model(**inputs.input), state=state,
-                                                          schedule=None))
+                                                          schedule=None))  # type: ignore[arg-type]  # no JobSchedule outside d9d's loop
             # d9d's LossComputer backpropagates loss * weight; its gradient manager divides by the total weight
+            assert result.loss_weight is not None  # the tasks above always give the token count
             (result.loss * result.loss_weight).backward()
             task.update_metrics(UpdateMetricsContext(state=state, metrics=metrics.children))
             if hidden:  # what the logits were, for the caller's checks (never made by the metrics)
@@ -225,13 +226,14 @@ def run(steps: int = 6, microbatches: int = 2, log_every: int = 3, vocab: int = 
             window.append({k: state[k] for k in ("logits", "labels", "loss", "tokens")})
         total = sum(float(mb["tokens"]) for mb in window[-microbatches:])
         for p in model.parameters():
-            p.grad /= max(total, 1.0)
+            if p.grad is not None:
+                p.grad /= max(total, 1.0)
         opt.step()
         if step % log_every == 0 or step == steps:
             # AsyncMetricCollector.schedule_collection + collect_results, on the current stream
             if dist_context.mesh_params.is_distributed:
                 metrics.sync(dist_context)
-            values = pytree.tree_map(lambda x: x.clone(), metrics.compute())
+            values = pytree.tree_map(lambda x: cast(torch.Tensor, x).clone(), metrics.compute())
             metrics.reset()
             out.logged.append((step, values))
             out.microbatches.append(window)

@@ -292,8 +292,8 @@ def _overhead(rank, args, tr: _Trainer, ctx):
 
     variants = ("none", "torchmetrics", "d9d")
     state = {"d9d": _d9d_group(), "torchmetrics": _TM()}
-    times = {v: [] for v in variants}
-    mtimes = {v: [] for v in variants}
+    times: dict[str, list[float]] = {v: [] for v in variants}
+    mtimes: dict[str, list[float]] = {v: [] for v in variants}
     total = {v: 0.0 for v in variants}
     bar = tqdm(total=args.rounds * len(variants), desc="overhead", disable=rank != 0, dynamic_ncols=True, file=sys.stderr, leave=False)
     # one warm-up block each (first calls allocate, torchmetrics finds compute groups)
@@ -410,7 +410,7 @@ def main(argv=None) -> int:
     threads = max(1, (os.cpu_count() or 2) // args.world_size)
     out = spawn_gloo(_rank_main, args.world_size, args, timeout=args.timeout, pg_timeout=120,
                      threads=threads, stop_on_error=True)
-    res = {r: v for r, (status, v) in out.items() if status == "ok"}
+    res: dict = {r: v for r, (status, v) in out.items() if status == "ok"}
     errors = {r: v for r, (status, v) in out.items() if status == "error"}
     if errors or len(res) < args.world_size:
         for r, m in sorted(errors.items()):

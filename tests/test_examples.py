@@ -116,3 +116,16 @@ def test_script_runs_on_cpu():
     lines = proc.stdout.splitlines()
     assert lines[0].split() == ["step", "loss", "tokens", "acc", "top5", "ppl"]
     assert [int(line.split()[0]) for line in lines[1:]] == [2, 4]
+
+
+def test_task_context_is_built_by_d9d_without_private_attributes():
+    """The example's context comes from d9d's own constructor (DeviceMeshParameters().build()),
+    never from object.__new__ and the context's private attributes."""
+    import d9d_kernels as dk
+
+    ex = _module()
+    source = (ROOT / "examples" / "d9d_task.py").read_text()
+    assert "object.__new__" not in source and "ctx._" not in source
+    ctx = ex.local_dist_context()
+    assert not ctx.mesh_params.is_distributed and ctx.is_main_process and ctx.num_nodes == 1
+    assert dk.DistributedContext.from_d9d(ctx).is_local

@@ -149,7 +149,7 @@ def _resolve(metric: str, shard, preds: torch.Tensor, target: torch.Tensor) -> V
     mine = torch.tensor([rows, shard.start, shard.size, width], dtype=torch.float64)
     table = torch.empty(ctx.world_size, 4, dtype=torch.float64)
     ctx.all_gather_into_tensor(table, mine).wait()
-    total = _check_table(metric, table.tolist(), ctx.ranks if not ctx.is_local else [0])
+    total = _check_table(metric, table.tolist(), ctx.ranks if not ctx.is_local else [0], _tp_hint(shard.tp))
     split = VocabSplit(ctx, shard.start, shard.size, total, rows)
     if len(_checked) >= MAX_CACHED:
         _checked.pop(next(iter(_checked)))
@@ -157,8 +157,20 @@ def _resolve(metric: str, shard, preds: torch.Tensor, target: torch.Tensor) -> V
     return split
 
 
-def _check_table(metric: str, table: list, ranks: list) -> int:
-    """V from every rank's ``(rows, start, size, width)``; the same verdict on every rank."""
+def _tp_hint(tp) -> str | None:
+    """Why shards that do not tile ``[0, V)`` likely name the wrong ranks: no tp
+    given (the world group) or a whole multi-dim mesh; None otherwise."""
+    if tp is None:
+        return "VocabShard has no tp, so its group is every rank of the world, not the tensor-parallel ranks"
+    if getattr(tp, "ndim", 1) > 1 and hasattr(tp, "mesh_dim_names"):
+        return (f"VocabShard's tp is a {tp.ndim}-d DeviceMesh {tuple(tp.mesh_dim_names or ())}, so its group is "
+                "every rank of that mesh, not the tensor-parallel ranks")
+    return None
+
+
+def _check_table(metric: str, table: list, ranks: list, hint: str | None = None) -> int:
+    """V from every rank's ``(rows, start, size, width)``; the same verdict on every rank.
+    ``hint`` (``_tp_hint``) leads a tiling error: the shards likely name the wrong ranks."""
     rows = [int(r[0]) for r in table]
     if len(set(rows)) > 1:
         listed = ", ".join(f"rank {g}: {n}" for g, n in zip(ranks, rows))
@@ -174,9 +186,12 @@ def _check_table(metric: str, table: list, ranks: list) -> int:
         if lo != end:
             what = f"gap [{end}, {lo})" if lo > end else f"overlap [{lo}, {min(end, hi)})"
             left = f"tp rank {prev[2]} holds [{prev[0]}, {prev[1]})" if prev else "no rank starts at 0"
-            raise ValueError(f"{metric}: argument 'vocab' shards do not tile the vocabulary [0, V): {what}; {left}, "
-                             f"tp rank {g} holds [{lo}, {hi}) (all: "
-                             + ", ".join(f"rank {r}: [{a}, {b})" for a, b, r in spans) + ")")
+            detail = (f"shards do not tile the vocabulary [0, V): {what}; {left}, tp rank {g} holds [{lo}, {hi}) (all: "
+                      + ", ".join(f"rank {r}: [{a}, {b})" for a, b, r in spans) + ")")
+            if hint is not None:
+                raise ValueError(f"{metric}: argument 'vocab': {hint}; pass tp=dist_context (d9d's "
+                                 f"DistributedContext: its 'tp' dim) or tp=mesh[\"tp\"] to VocabShard ({detail})")
+            raise ValueError(f"{metric}: argument 'vocab' {detail}")
         end, prev = hi, (lo, hi, g)
     return end
 

@@ -228,6 +228,30 @@ def test_bad_split_raises_value_error_on_every_rank(world, case):
             assert case in msg and "do not tile the vocabulary" in msg
 
 
+def _wrong_tp_worker(rank, world, how):
+    """dp 2 x tp 2, the vocabulary split over tp; ``tp`` names all 4 ranks instead."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    lo, hi = SPLITS[2][mesh.get_local_rank("tp")]
+    tp = {"none": None, "mesh": mesh}[how]
+    dk.Perplexity().update(torch.randn(N, hi - lo), torch.randint(0, 5, (N,)), vocab=dk.VocabShard(lo, hi - lo, tp))
+    return "no error"
+
+
+@pytest.mark.parametrize("how", ["none", "mesh"])
+def test_shard_without_the_tp_ranks_says_to_pass_them(how):
+    """No tp (the world) or the whole 2-d mesh: the error says to pass the d9d
+    context or mesh["tp"], before the tiling details."""
+    out = run_distributed_expect_errors(_wrong_tp_worker, 4, how, timeout=120.0)
+    for rank, (status, msg) in out.items():
+        assert status == "error", (rank, status, msg)
+        head = msg.split("(", 1)[0]
+        assert msg.startswith("ValueError: Perplexity: argument 'vocab': VocabShard"), msg
+        assert "no tp" in head if how == "none" else "2-d DeviceMesh" in head, msg
+        assert 'pass tp=dist_context' in msg and 'tp=mesh["tp"]' in msg and "overlap" in msg, msg
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_torch_partials_and_combine_path_equals_unsharded(monkeypatch, dtype):
     """Where the compiled passes cannot run (CUDA, no extension), the torch
