@@ -9,6 +9,7 @@ initialises CUDA. The ops work without the compiled extension (see
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
 
@@ -49,6 +50,13 @@ _EXPORTS = {
 _NAMES = {name: module for module, names in _EXPORTS.items() for name in names}
 
 __all__ = [*_NAMES, *_SUBMODULES]
+
+
+if TYPE_CHECKING:  # what __getattr__ resolves, spelled out for type checkers
+    from d9d_kernels.core.group import MetricGroup
+    from d9d_kernels.core.metric import Metric
+    from d9d_kernels.metrics.aggregation import MaxMetric, MeanMetric, MinMetric, SumMetric, WeightedMeanMetric
+    from d9d_kernels.metrics.classification import Accuracy, ConfusionMatrix, F1Score, Precision, Recall
 
 
 def __getattr__(name: str):

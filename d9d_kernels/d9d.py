@@ -14,6 +14,13 @@ d9d nor torch, and the order of the imports does not matter.
 d9d's ``DistributedContext`` is accepted wherever a ``ctx`` is: see
 ``DistributedContext.from_d9d`` in ``d9d_kernels.distributed``.
 
+d9d's ``ComposeMetric`` takes any mapping of children and acts on each in
+turn; a member of a ``dk.MetricGroup`` shares its group's storage, so it
+cannot be a child of its own (its ``to`` at ``bind()`` would move the
+group's buffers). When ``d9d.metric.impl.container.compose`` is imported,
+its ``ComposeMetric.__init__`` is wrapped to refuse such children at
+construction, naming the member and the group to pass instead.
+
 d9d's tracker logs scalars only (``d9d.tracker.Scalar`` raises "A scalar must
 have one element"); ``Scalars(metric)`` makes vector results (``average="none"``,
 ``ConfusionMatrix``, per-class curves) loggable as one scalar per element.
@@ -25,7 +32,8 @@ import sys
 
 __all__ = ["Scalars", "install", "register", "split_vectors"]
 
-_WATCHED = ("d9d.metric", "d9d_kernels.core.metric")
+_COMPOSE = "d9d.metric.impl.container.compose"
+_WATCHED = ("d9d.metric", "d9d_kernels.core.metric", _COMPOSE)
 
 
 def register() -> bool:
@@ -41,6 +49,39 @@ def register() -> bool:
         if not issubclass(cls, base):
             base.register(cls)
     return True
+
+
+def check_children(children) -> None:
+    """Raises ``ValueError`` when a child is a member of a ``dk.MetricGroup``."""
+    for name, child in children.items():
+        group = getattr(child, "__dict__", {}).get("_group")
+        if group is not None:
+            raise ValueError(
+                f"ComposeMetric: child {name!r} is {child._label}, a member of a dk.MetricGroup; a member shares "
+                "its group's state, so pass the group itself as one child, e.g. ComposeMetric({'train': g})"
+            )
+
+
+def _check_compose() -> bool:
+    """Wraps ``ComposeMetric.__init__`` with ``check_children`` once its module
+    is imported (never imports it); True once wrapped."""
+    cls = getattr(sys.modules.get(_COMPOSE), "ComposeMetric", None)
+    if cls is None:
+        return False
+    init = cls.__init__
+    if not getattr(init, "_dk_checked", False):
+        def checked(self, children, *args, **kwargs):
+            check_children(children)
+            init(self, children, *args, **kwargs)
+
+        checked.__doc__, checked.__wrapped__, checked._dk_checked = init.__doc__, init, True
+        cls.__init__ = checked
+    return True
+
+
+def _hook() -> bool:
+    """Registers and wraps whatever is importable now; True once both are done."""
+    return register() & _check_compose()
 
 
 def split_vectors(tree):
@@ -130,7 +171,7 @@ class _Loader:
             module.__loader__ = self._loader
             if module.__spec__ is not None:
                 module.__spec__.loader = self._loader
-        if register():
+        if _hook():
             _uninstall()
 
     def __getattr__(self, name):
@@ -167,8 +208,8 @@ def _uninstall() -> None:
 
 
 def install() -> None:
-    """Registers now if possible, else installs the import hook (idempotent)."""
-    if register():
+    """Registers (and wraps ComposeMetric) now if possible, else installs the import hook (idempotent)."""
+    if _hook():
         _uninstall()
     elif _FINDER not in sys.meta_path:
         sys.meta_path.insert(0, _FINDER)

@@ -36,7 +36,7 @@ import argparse
 import logging
 import sys
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 from unittest import mock
 
 import torch
@@ -80,7 +80,8 @@ class LMTask(TrainTask):
         return ComputeLossResult(loss=loss, loss_weight=tokens.to(loss.dtype))
 
     def create_metrics(self, ctx: CreateMetricsContext) -> CreateMetricsResult:
-        V, kw = self.vocab_size, dict(task="multiclass", num_classes=self.vocab_size, ignore_index=IGNORE_INDEX)
+        V = self.vocab_size
+        kw: dict[str, Any] = dict(task="multiclass", num_classes=V, ignore_index=IGNORE_INDEX)
         g = dk.MetricGroup({
             "loss": dk.WeightedMeanMetric(),
             "tokens": dk.SumMetric(),

@@ -23,8 +23,11 @@ from d9d.loop.control import CreateMetricsContext, CreateMetricsResult, TrainTas
 class Task(TrainTask):
     def create_metrics(self, ctx: CreateMetricsContext) -> CreateMetricsResult:
         g = dk.MetricGroup({"loss": dk.WeightedMeanMetric(), "acc": dk.Accuracy(task="multiclass", num_classes=5)})
-        return CreateMetricsResult(metrics={"train": g})
+        return CreateMetricsResult(metrics={"train": g, "tokens": dk.SumMetric()})
 '''
+
+#: the same task with a value that is not a metric: the check must reject it
+BAD_TASK = TASK.replace('"tokens": dk.SumMetric()', '"tokens": 3')
 
 
 def _mypy(*args: str, cache: Path) -> subprocess.CompletedProcess:
@@ -44,3 +47,11 @@ def test_mypy_accepts_examples_and_a_group_in_create_metrics(tmp_path):
     proc = _mypy("examples", str(task), cache=tmp_path / "cache")  # the config: pyproject.toml [tool.mypy]
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "Success: no issues found in 3 source files" in proc.stdout, proc.stdout
+
+
+def test_mypy_rejects_a_value_that_is_not_a_metric(tmp_path):
+    """dk.MetricGroup is checked as a d9d Metric, not as Any: a wrong value fails."""
+    task = tmp_path / "task.py"
+    task.write_text(BAD_TASK)
+    proc = _mypy(str(task), cache=tmp_path / "cache")
+    assert proc.returncode == 1 and 'expected "str": "Metric[Any]"' in proc.stdout, proc.stdout

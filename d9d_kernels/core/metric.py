@@ -31,7 +31,7 @@ import inspect
 import math
 import warnings
 from collections.abc import Mapping
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
@@ -202,7 +202,13 @@ class _MetricMeta(type):
         return obj
 
 
-class Metric(metaclass=_MetricMeta):
+if TYPE_CHECKING:  # for a type checker, what d9d_kernels.d9d.register makes it at run time: a d9d Metric
+    from d9d.metric import Metric as _Base
+else:
+    _Base = object
+
+
+class Metric(_Base, metaclass=_MetricMeta):
     """Base class of every metric and of ``MetricGroup``.
 
     Lifecycle: ``update(...)`` -> ``trigger_sync(ctx)`` -> ``wait_sync(ctx)`` ->

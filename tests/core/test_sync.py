@@ -204,22 +204,25 @@ def _pivot_part(rank, world):
     m.trigger_sync()
     m.wait_sync()
     first = m.compute().item()
-    m.update(x)  # rank 0 now uses the adopted pivot
+    m.update(x)  # rank 0's first data: its own pivot
     m.trigger_sync()
     m.wait_sync()
-    return first, m.compute().item(), m._storage.local["replica"].tolist()
+    (ref,) = m._storage.sync.references.values()
+    return first, m.compute().item(), m._storage.local["replica"].tolist(), ref.tolist()
 
 
-def test_pivots_aligned_across_ranks(count_run):
+def test_pivots_are_local_and_the_reference_shared(count_run):
     world = 2
     out = [o["pivot"] for o in count_run]
     xs = lambda r: [1e9 + r * 7.0, 1e9 - 3.0 * r, 1e9 + 0.5]  # noqa: E731
     first = [v + r * 1e3 for r in range(1, world) for v in xs(r)]
     second = first + [v for r in range(world) for v in xs(r)]
-    for f, s, piv in out:
+    for rank, (f, s, piv, ref) in enumerate(out):
         assert f == pytest.approx(math.fsum(first) / len(first), rel=1e-15)
         assert s == pytest.approx(math.fsum(second) / len(second), rel=1e-15)
-        assert piv[0] == out[0][2][0] == 1e9 + 1e3 + 7.0  # lowest rank that had one: rank 1
+        assert piv[0] == xs(rank)[0] + (rank * 1e3 if rank else 0.0)  # this rank's first value since its reset
+        assert ref[0] == out[0][3][0] and math.isnan(ref[1])  # the synced mean, the same bits on every rank (no y)
+        assert ref[0] == pytest.approx(s, rel=1e-15)
 
 
 def _fold_reset_worker(rank, world):

@@ -1,5 +1,6 @@
 """Every dk Metric / MetricGroup is a d9d.metric.Metric once both are imported,
-in either import order; without d9d, ``import d9d_kernels`` never imports it.
+in either import order, and d9d's ComposeMetric refuses a group's members as
+separate children at construction; without d9d, ``import d9d_kernels`` never imports it.
 Each case runs in a fresh interpreter (import order matters)."""
 
 from __future__ import annotations
@@ -25,6 +26,12 @@ c = ComposeMetric({"g": g})
 g["loss"].update(values=torch.tensor([1.0, 3.0]), weights=torch.tensor([1.0, 1.0]))
 assert c.compute()["g"]["loss"].item() == 2.0
 assert not isinstance(object(), d9d.metric.Metric)
+try:  # members of one group as separate children: refused at construction, not at bind()
+    ComposeMetric({"loss": g["loss"], "acc": g["acc"]})
+except ValueError as e:
+    assert "child 'loss' is MetricGroup['loss'] (WeightedMeanMetric), a member" in str(e), e
+else:
+    raise AssertionError("ComposeMetric took the members of a group as children")
 print("ok")
 """
 
