@@ -171,12 +171,23 @@ def test_cuda_triton_matches_reference(dtype, shape):
             torch.testing.assert_close(got[:, 1].cpu(), ref[:, 1], rtol=1e-5, atol=0)
 
 
-@pytest.mark.skipif(L._native_block(torch.device("cpu")) is None, reason="extension without linear_logits_block")
+@pytest.fixture
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.mark.skipif(L._native_rows(torch.device("cpu")) is None, reason="extension without linear_logits_rows")
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_cpu_block_pass_equals_its_torch_specification(small_blocks, monkeypatch, dtype):
-    """The C++ pass over each block (csrc/cpu/linear_logits.cpp) against the torch
-    ops it replaces, on the same blocks: integer logits (ties across block edges),
-    random logits, NaN / +Inf rows, targets outside the shard, soft-cap, sumexp off."""
+def test_cpu_block_pass_equals_its_torch_specification(small_blocks, one_thread, monkeypatch, dtype):
+    """The C++ pass (csrc/cpu/linear_logits.cpp) against the torch ops it
+    replaces, on the same blocks (its tasks of the fallback's rows, the
+    matmuls on one thread: torch.mm's rounding depends on the block's rows
+    and on its threads): integer logits (ties across block edges), random
+    logits, NaN / +Inf rows, targets outside the shard, soft-cap, sumexp off."""
+    monkeypatch.setattr(L, "task_rows", lambda N, V, dtype, threads: L.blocks(N, V, dtype)[0])
     g = torch.Generator().manual_seed(5)
     cases = [integer_case(41, 7, 1000, dtype, seed=2)]
     h = torch.randn(33, 16, generator=g).to(dtype)
@@ -189,10 +200,35 @@ def test_cpu_block_pass_equals_its_torch_specification(small_blocks, monkeypatch
         for kw in (dict(), dict(softcap=4.0), dict(sumexp=False, start=100)):
             native = L.linear_logits(h, w, b, t, backend="torch", **kw)
             with monkeypatch.context() as mp:
-                mp.setattr(L, "_native_block", lambda device: None)
+                mp.setattr(L, "_native_rows", lambda device: None)
                 spec = L.linear_logits(h, w, b, t, backend="torch", **kw)
             ok = torch.isfinite(spec[:, 0])  # a row with NaN / +Inf is bad whatever the rest holds
             assert torch.equal(native[:, 0].isnan(), spec[:, 0].isnan())
             for col in (0, 2, 3, 4):
                 torch.testing.assert_close(native[ok, col], spec[ok, col], rtol=0, atol=0, equal_nan=True)
             torch.testing.assert_close(native[ok, 1], spec[ok, 1], rtol=1e-6, atol=0)
+
+
+@pytest.mark.skipif(L._native_rows(torch.device("cpu")) is None, reason="extension without linear_logits_rows")
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_cpu_tasks_any_split_any_threads(small_blocks, dtype):
+    """The C++ op's threads take tasks of ``rows`` rows from a shared counter:
+    every split and thread count gives the same rows (integer logits: exact
+    whatever the matmul's blocking), equal to the reference."""
+    h, w, b, t = integer_case(41, 7, 1000, dtype, seed=4)
+    t[0] = -1
+    ref = ref_rows(h, w, b, t, softcap=3.0)
+    op = L._native_rows(torch.device("cpu"))
+    _, cols = L.blocks(41, 1000, dtype)
+    zt = L.target_logits(h, w, b, t, 0, 3.0)
+    n = torch.get_num_threads()
+    try:
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            for rows in (1, 5, 40, 41, 1000):
+                st = torch.full((41, 4), 7.0, dtype=torch.float64)  # every row written
+                op(h, w, b, zt, t, cols, rows, 3.0, True, st)
+                got = torch.cat([st[:, :2], zt.double()[:, None], st[:, 2:]], 1)
+                assert_rows_equal(got, ref)
+    finally:
+        torch.set_num_threads(n)
