@@ -170,7 +170,78 @@ void linear_logits_rows_cpu(const at::Tensor& hidden, const at::Tensor& weight, 
   });
 }
 
+// linear_logits_target: out[i] = the logit of row i's target column
+// t = target[i] - start before any soft-cap, in the accumulation dtype
+// (float32; float64 for float64 inputs), -inf where t is not in [0, V): the
+// dot of hidden's row with weight's row t, summed in order in the
+// accumulation dtype, + bias, rounded to hidden's dtype. target_logits() in
+// d9d_kernels/ops/linear_logits.py calls it on CPU and soft-caps the result
+// with the blocks' torch ops; its torch ops are the specification, up to the
+// order of the dot's sum (the last bit). One parallel region over the rows.
+void linear_logits_target_cpu(const at::Tensor& hidden, const at::Tensor& weight,
+                              const std::optional<at::Tensor>& bias, const at::Tensor& target, int64_t start,
+                              const at::Tensor& out) {
+  const char* op = "linear_logits_target";
+  check_floating(op, "hidden", hidden);
+  D9D_CHECK(hidden.dim() == 2, op, "hidden", "must be [N, D], got shape ", hidden.sizes());
+  const int64_t N = hidden.size(0), D = hidden.size(1);
+  D9D_CHECK_TYPE(weight.scalar_type() == hidden.scalar_type(), op, "weight", "must have hidden's dtype ",
+                 hidden.scalar_type(), ", got ", weight.scalar_type());
+  D9D_CHECK(weight.dim() == 2 && weight.size(1) == D, op, "weight", "must be [V, D] with D = ", D, ", got shape ",
+            weight.sizes());
+  check_device(op, "weight", weight, hidden.device());
+  const int64_t V = weight.size(0);
+  if (bias.has_value()) {
+    D9D_CHECK_TYPE(bias->scalar_type() == hidden.scalar_type(), op, "bias", "must have hidden's dtype ",
+                   hidden.scalar_type(), ", got ", bias->scalar_type());
+    D9D_CHECK(bias->dim() == 1 && bias->size(0) == V, op, "bias", "must be [V] = [", V, "], got shape ",
+              bias->sizes());
+    check_device(op, "bias", *bias, hidden.device());
+  }
+  check_index(op, "target", target);
+  D9D_CHECK(target.dim() == 1 && target.size(0) == N, op, "target", "must be [N] = [", N, "], got shape ",
+            target.sizes());
+  const at::ScalarType acc_t = hidden.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  D9D_CHECK_TYPE(out.scalar_type() == acc_t, op, "out", "must be ", acc_t, ", got ", out.scalar_type());
+  D9D_CHECK(out.dim() == 1 && out.size(0) == N && out.is_contiguous(), op, "out", "must be a contiguous [N] = [", N,
+            "], got shape ", out.sizes());
+  check_device(op, "out", out, hidden.device());
+  if (N == 0) return;
+  const at::Tensor h = hidden.contiguous(), tg = target.contiguous();
+  const at::Tensor b = bias.has_value() ? bias->contiguous() : at::Tensor();
+  const int64_t ws0 = weight.stride(0), ws1 = weight.stride(1);
+  const int64_t* tp = tg.data_ptr<int64_t>();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, hidden.scalar_type(), "linear_logits_target_cpu", [&] {
+    using Acc = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
+    const scalar_t* hp = h.const_data_ptr<scalar_t>();
+    const scalar_t* wp = weight.const_data_ptr<scalar_t>();
+    const scalar_t* bp = bias.has_value() ? b.const_data_ptr<scalar_t>() : nullptr;
+    Acc* op_out = out.data_ptr<Acc>();
+    // chunks of at least 2^15 multiply-adds (the library's parallel grain)
+    at::parallel_for(0, N, std::max<int64_t>(1, (int64_t(1) << 15) / std::max<int64_t>(D, 1)), [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) {
+        const int64_t j = tp[i] - start;
+        if (j < 0 || j >= V) {
+          op_out[i] = -std::numeric_limits<Acc>::infinity();
+          continue;
+        }
+        const scalar_t* x = hp + i * D;
+        const scalar_t* w = wp + j * ws0;
+        Acc z = 0;
+        for (int64_t k = 0; k < D; ++k) {
+          z += static_cast<Acc>(x[k]) * static_cast<Acc>(w[k * ws1]);
+        }
+        if (bp != nullptr) z += static_cast<Acc>(bp[j]);
+        op_out[i] = static_cast<Acc>(static_cast<scalar_t>(z));
+      }
+    });
+  });
+}
+
 }  // namespace
 }  // namespace d9d
 
-TORCH_LIBRARY_IMPL(d9d_kernels, CPU, m) { m.impl("linear_logits_rows", &d9d::linear_logits_rows_cpu); }
+TORCH_LIBRARY_IMPL(d9d_kernels, CPU, m) {
+  m.impl("linear_logits_rows", &d9d::linear_logits_rows_cpu);
+  m.impl("linear_logits_target", &d9d::linear_logits_target_cpu);
+}

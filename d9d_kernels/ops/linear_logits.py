@@ -198,12 +198,22 @@ def target_logits(hidden, weight, bias, target, start: int, softcap: float | Non
     the gathered weight rows dotted with ``hidden`` in float32, rounded to the
     inputs' dtype (as ``torch.mm`` rounds its float32 accumulator), bias and
     soft-cap as in the logits. A different summation order than the matmul's:
-    it may differ from the materialised logit in the last bit."""
+    it may differ from the materialised logit in the last bit. On CPU the
+    logits before the soft-cap are one C++ call where the extension has it,
+    ``torch.ops.d9d_kernels.linear_logits_target`` (one parallel region; the
+    dot summed in order)."""
     N, D = hidden.shape
     V = weight.shape[0]
     acc = torch.float64 if hidden.dtype == torch.float64 else torch.float32
     tl = target - start
     here = (tl >= 0) & (tl < V)
+    native = _native(hidden.device, "linear_logits_target")
+    if native is not None:
+        out = torch.empty(N, dtype=acc, device=hidden.device)
+        native(hidden, weight, bias, target, start, out)
+        if softcap is None:
+            return out
+        return torch.where(here, softcapped(out.to(hidden.dtype), softcap).to(acc), float("-inf"))
     idx = torch.where(here, tl, 0)
     out = torch.empty(N, dtype=acc, device=hidden.device)
     step = max(1, TARGET_BYTES // max(1, D * 4))
@@ -226,14 +236,18 @@ def _block_logits(h, wt, bias, c0: int, c: int, out: torch.Tensor, softcap: floa
     return softcapped(out, softcap)
 
 
-def _native_rows(device: torch.device):
-    """``torch.ops.d9d_kernels.linear_logits_rows`` (csrc/cpu/linear_logits.cpp:
-    every block's matmul and pass in one parallel region) on CPU where the
-    extension has it, else None: the torch ops below, its specification, run."""
+def _native(device: torch.device, name: str):
+    """``torch.ops.d9d_kernels.<name>`` (csrc/cpu/linear_logits.cpp) on CPU where
+    the extension has it, else None: the torch ops here, its specification, run."""
     if device.type != "cpu" or _extension.CPP_ERROR is not None:
         return None
-    op = getattr(torch.ops.d9d_kernels, "linear_logits_rows", None)
+    op = getattr(torch.ops.d9d_kernels, name, None)
     return None if op is None else op.default
+
+
+def _native_rows(device: torch.device):
+    """``linear_logits_rows`` (every block's matmul and pass in one parallel region) or None."""
+    return _native(device, "linear_logits_rows")
 
 
 def _rows_torch(hidden, weight, bias, target, target_logit, start, softcap, sumexp, out) -> None:

@@ -232,3 +232,33 @@ def test_cpu_tasks_any_split_any_threads(small_blocks, dtype):
                 assert_rows_equal(got, ref)
     finally:
         torch.set_num_threads(n)
+
+
+@pytest.mark.skipif(L._native(torch.device("cpu"), "linear_logits_target") is None,
+                    reason="extension without linear_logits_target")
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("softcap", [None, 4.0])
+def test_cpu_target_logits_equal_their_torch_specification(monkeypatch, dtype, softcap):
+    """The C++ target logits (csrc/cpu/linear_logits.cpp) against target_logits'
+    torch ops: exact on integer logits (targets outside the shard -inf), within
+    the dot's summation order on random ones; a non-contiguous weight too."""
+    h, w, b, t = integer_case(300, 19, 500, dtype, seed=6)
+    t[:3] = torch.tensor([-1, 40, 550])  # outside [start, start + V) = [50, 550)
+    g = torch.Generator().manual_seed(7)
+    hr = torch.randn(300, 64, generator=g).to(dtype)
+    wr = (torch.randn(64, 500, generator=g) / 8).to(dtype).t()  # [V, D], column-major
+    for hh, ww, bb, tol in ((h, w, b, False), (h, w, None, False), (hr, wr, None, True)):
+        got = L.target_logits(hh, ww, bb, t, 50, softcap)
+        with monkeypatch.context() as mp:
+            mp.setattr(L, "_native", lambda device, name: None)
+            spec = L.target_logits(hh, ww, bb, t, 50, softcap)
+        assert got.dtype == spec.dtype
+        assert torch.equal(got.isneginf(), spec.isneginf()) and got[:3].isneginf().all()
+        if not tol:
+            assert torch.equal(got, spec)
+        else:
+            fin = torch.isfinite(spec)
+            idx = (t - 50).clamp(0, 499)
+            dot = (hh.double().abs() * ww.double()[idx].abs()).sum(1)
+            bound = torch.finfo(dtype).eps * spec.double().abs() + 64 * torch.finfo(torch.float32).eps * dot
+            assert ((got.double() - spec.double()).abs()[fin] <= 2 * bound[fin]).all()
