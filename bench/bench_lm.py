@@ -37,12 +37,20 @@ memory) go to bench_lm_memory.json beside the CSV.
 Peak extra memory (bench_lm_hidden_memory.json): the scratch of ops.linear_logits
 (analytic: its blocks), and the bytes allocated during one update (profiler,
 frees not subtracted: an upper bound), against the float32 logits' size.
+
+    python bench/bench_lm.py --hidden --busy [--quick | --tiny]   # bench/results/bench_lm_hidden_busy.csv / .png
+
+--busy: d9d_linear and mm_floor above (float32, torch's default threads), each
+condition's rounds interleaved: "busy=0" as they are, "busy=1" with one
+spinning Python process beside them (unpinned: the scheduler places it, as it
+places a data-loader worker), which takes a core from the torch threads.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -242,8 +250,6 @@ def _tp_rank(rank, tp, N, V, dtype_name, rounds):
 
 
 def main_tp(a, shapes, rounds) -> int:
-    import os
-
     from d9d_kernels.spawn import spawn_gloo
 
     # The ranks share the machine's cores with rank 0's T-thread pool of the
@@ -369,6 +375,68 @@ def main_hidden(a, shapes, rounds) -> int:
     return 0
 
 
+HIDDEN_BUSY_FULL = [(2048, 256, 32000)]
+HIDDEN_BUSY_QUICK = [(512, 256, 32000)]
+
+
+def main_busy(a, shapes, rounds) -> int:
+    import subprocess
+
+    rows = []
+    out = Path(a.out).with_name("bench_lm_hidden_busy.csv") if a.out == str(RESULTS / "bench_lm.csv") else Path(a.out)
+    threads = torch.get_num_threads()
+    for N, D, V in shapes:
+        h, w, t, lse = hidden_batch(N, D, V, torch.float32)
+        fns = {k: f for k, f in hidden_providers(h, w, t, lse).items() if k in ("d9d_linear", "mm_floor")}
+        for busy in (0, 1):
+            spin = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if busy else None
+            try:
+                time.sleep(0.5 * busy)  # the spinner is running before the first call
+                times = interleaved(fns, rounds)
+            finally:
+                if spin is not None:
+                    spin.kill()
+                    spin.wait()
+            shape = f"N={N},D={D},V={V},threads={threads},busy={busy}"
+            for k, ts in times.items():
+                rows.append(row("lm", op=HIDDEN_OP, provider=k, shape=shape, dtype="float32", device="cpu",
+                                stats=stats(ts)))
+            med = {k: sorted(ts)[len(ts) // 2] for k, ts in times.items()}
+            print(f"{shape} float32: " + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in med.items())
+                  + f" | d9d_linear/mm {med['d9d_linear'] / med['mm_floor']:.2f}"
+                  + (" (target <= 1.5)" if busy else "") + f" | load average {os.getloadavg()[0]:.1f}", flush=True)
+            write_csv(out, rows)
+    try:
+        plot_busy(rows, out.with_suffix(".png"))
+    except Exception as e:  # a plot failing must not lose the CSV
+        print(f"bench_lm: plot failed: {e}", file=sys.stderr)
+    return 0
+
+
+def plot_busy(rows, png: Path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shapes = list(dict.fromkeys(r["shape"] for r in rows))
+    provs = ["mm_floor", "d9d_linear"]
+    fig, ax = plt.subplots(figsize=(2.4 * len(shapes) + 2, 3.8))
+    w = 0.8 / len(provs)
+    for i, p in enumerate(provs):
+        ys = [next((float(r["p50_us"]) / 1e3 for r in rows if r["shape"] == s and r["provider"] == p), 0.0)
+              for s in shapes]
+        ax.bar([k + i * w for k in range(len(shapes))], ys, w, label=p)
+    ax.set_xticks([k + 0.4 - w / 2 for k in range(len(shapes))])
+    ax.set_xticklabels([s.replace(",", "\n", 3) for s in shapes], fontsize=7)
+    ax.set_ylabel("ms per update (p50)")
+    ax.set_title(f"{HIDDEN_OP}, float32, CPU; busy=1: a spinning process beside it", fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     mode = p.add_mutually_exclusive_group()
@@ -379,7 +447,13 @@ def main(argv=None) -> int:
     p.add_argument("--tp", type=int, default=0, help="vocab-parallel mode over this many gloo ranks")
     p.add_argument("--hidden", action="store_true", help="from hidden states (dk.LinearLogits)")
     p.add_argument("--threads", type=int, default=0, help="torch threads (--hidden; 0: torch's default)")
+    p.add_argument("--busy", action="store_true", help="--hidden beside a spinning process, and without it")
     a = p.parse_args(argv)
+    if a.hidden and a.busy:
+        if a.threads:
+            torch.set_num_threads(a.threads)
+        hs = HIDDEN_TINY if a.tiny else HIDDEN_BUSY_QUICK if a.quick else HIDDEN_BUSY_FULL
+        return main_busy(a, hs, a.rounds or (2 if a.tiny else 7))
     if a.hidden:
         if a.threads:
             torch.set_num_threads(a.threads)

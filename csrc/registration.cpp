@@ -27,9 +27,15 @@ TORCH_LIBRARY(d9d_kernels, m) {
       "vocab_class_stats(Tensor g, Tensor target, Tensor? mask, int? ignore_index, Tensor? lse, int num_classes, "
       "int[] top_ks, bool nll, bool rows_by_lse, Tensor(a!) stats, Tensor(b!) extras, Tensor(c!) bad, "
       "Tensor(d!)? confmat) -> ()");
-  // Internal (CPU only): one block of logits' per-row reductions for dk.LinearLogits,
-  // folded into rows [n, 4], csrc/cpu/linear_logits.cpp.
-  m.def("linear_logits_block(Tensor z, Tensor zt, Tensor tloc, int c0, bool sumexp, Tensor(a!) rows) -> ()");
+  // Internal (CPU only): the per-row reductions of hidden @ weight.T (+ bias, soft-cap)
+  // for dk.LinearLogits, by blocks of rows x cols, into rows [N, 4], and each row's target
+  // logit, csrc/cpu/linear_logits.cpp.
+  m.def(
+      "linear_logits_rows(Tensor hidden, Tensor weight, Tensor? bias, Tensor zt, Tensor tloc, int cols, int rows, "
+      "float? softcap, bool sumexp, Tensor(a!) out) -> ()");
+  m.def(
+      "linear_logits_target(Tensor hidden, Tensor weight, Tensor? bias, Tensor target, int start, Tensor(a!) out) "
+      "-> ()");
 }
 
 // Meta: each op's argument checks alone (csrc/kernels/*_checks.h, the ones the
@@ -80,8 +86,10 @@ void vocab_partials_meta(const at::Tensor&, const at::Tensor&, int64_t, int64_t,
 void vocab_class_stats_meta(const at::Tensor&, const at::Tensor&, const OptTensor&, std::optional<int64_t>,
                             const OptTensor&, int64_t, at::IntArrayRef, bool, bool, const at::Tensor&,
                             const at::Tensor&, const at::Tensor&, const OptTensor&) {}
-void linear_logits_block_meta(const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t, bool,
-                              const at::Tensor&) {}
+void linear_logits_rows_meta(const at::Tensor&, const at::Tensor&, const OptTensor&, const at::Tensor&,
+                             const at::Tensor&, int64_t, int64_t, std::optional<double>, bool, const at::Tensor&) {}
+void linear_logits_target_meta(const at::Tensor&, const at::Tensor&, const OptTensor&, const at::Tensor&, int64_t,
+                               const at::Tensor&) {}
 
 }  // namespace
 }  // namespace d9d
@@ -94,5 +102,6 @@ TORCH_LIBRARY_IMPL(d9d_kernels, Meta, m) {
   m.impl("running_extrema", &d9d::running_extrema_meta);
   m.impl("vocab_partials", &d9d::vocab_partials_meta);
   m.impl("vocab_class_stats", &d9d::vocab_class_stats_meta);
-  m.impl("linear_logits_block", &d9d::linear_logits_block_meta);
+  m.impl("linear_logits_rows", &d9d::linear_logits_rows_meta);
+  m.impl("linear_logits_target", &d9d::linear_logits_target_meta);
 }

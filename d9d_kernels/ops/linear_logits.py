@@ -13,9 +13,11 @@ Backends: ``"triton"`` (``d9d_kernels/triton/linear_logits.py``: tiled
 ``tl.dot`` with the reductions in the epilogue; the default on CUDA for
 16/32-bit inputs) and ``"torch"`` (``_rows_torch`` below: ``torch.mm`` over
 blocks of rows x vocabulary columns into a bounded scratch, then the
-reductions of each block: on CPU one C++ pass over it,
-``torch.ops.d9d_kernels.linear_logits_block``, elsewhere torch ops, its
-specification). The matmul is torch.mm's: on CPU that is the floor.
+reductions of each block: on CPU all of it in one C++ call,
+``torch.ops.d9d_kernels.linear_logits_rows`` (one parallel region, its
+threads taking tasks of rows, each task's blocks matmul + pass on one
+thread), elsewhere torch ops per block, its specification). The matmul is
+torch.mm's: on CPU that is the floor.
 """
 
 from __future__ import annotations
@@ -39,6 +41,13 @@ SCRATCH_BYTES = 3 << 20
 #: at the speed of one whole-vocabulary call (bench/bench_lm.py --hidden)
 MIN_COLS = 256
 MAX_COLS = 4096
+#: rows of one task of the CPU pass (``linear_logits_rows``), a thread's
+#: block ``[rows, cols]`` of the scratch: at most N / (TASKS_PER_THREAD *
+#: threads), so that a thread slowed by another process leaves tasks to the
+#: others; at least MIN_TASK_ROWS (below it the per-call cost of the block
+#: matmul shows, bfloat16 first: bench/analysis.md, "LinearLogits with a busy core")
+TASKS_PER_THREAD = 2
+MIN_TASK_ROWS = 256
 #: bytes of the gathered target rows of weight (the target logits) at once
 #: (float32: up to 3 such buffers live, the rows, hidden's copy, the product)
 TARGET_BYTES = 1 << 18
@@ -167,6 +176,15 @@ def blocks(N: int, V: int, dtype: torch.dtype) -> tuple[int, int]:
     return rows, cols
 
 
+def task_rows(N: int, V: int, dtype: torch.dtype, threads: int) -> int:
+    """Rows of one task of ``linear_logits_rows`` with ``threads`` threads
+    (``TASKS_PER_THREAD``, ``MIN_TASK_ROWS``): the threads' blocks together
+    within the rows of ``blocks``, so within ``scratch_bytes``."""
+    rows, _ = blocks(N, V, dtype)
+    threads = max(1, threads)
+    return max(1, min(max(-(-N // (TASKS_PER_THREAD * threads)), MIN_TASK_ROWS), rows // threads))
+
+
 def softcapped(z: torch.Tensor, softcap: float | None) -> torch.Tensor:
     """``softcap * tanh(z / softcap)`` in place, rounded to z's dtype after each op as eager torch does."""
     if softcap is not None:
@@ -180,12 +198,22 @@ def target_logits(hidden, weight, bias, target, start: int, softcap: float | Non
     the gathered weight rows dotted with ``hidden`` in float32, rounded to the
     inputs' dtype (as ``torch.mm`` rounds its float32 accumulator), bias and
     soft-cap as in the logits. A different summation order than the matmul's:
-    it may differ from the materialised logit in the last bit."""
+    it may differ from the materialised logit in the last bit. On CPU the
+    logits before the soft-cap are one C++ call where the extension has it,
+    ``torch.ops.d9d_kernels.linear_logits_target`` (one parallel region; the
+    dot summed in order)."""
     N, D = hidden.shape
     V = weight.shape[0]
     acc = torch.float64 if hidden.dtype == torch.float64 else torch.float32
     tl = target - start
     here = (tl >= 0) & (tl < V)
+    native = _native(hidden.device, "linear_logits_target")
+    if native is not None:
+        out = torch.empty(N, dtype=acc, device=hidden.device)
+        native(hidden, weight, bias, target, start, out)
+        if softcap is None:
+            return out
+        return torch.where(here, softcapped(out.to(hidden.dtype), softcap).to(acc), float("-inf"))
     idx = torch.where(here, tl, 0)
     out = torch.empty(N, dtype=acc, device=hidden.device)
     step = max(1, TARGET_BYTES // max(1, D * 4))
@@ -208,14 +236,18 @@ def _block_logits(h, wt, bias, c0: int, c: int, out: torch.Tensor, softcap: floa
     return softcapped(out, softcap)
 
 
-def _native_block(device: torch.device):
-    """``torch.ops.d9d_kernels.linear_logits_block`` (csrc/cpu/linear_logits.cpp:
-    a block's reductions in one pass over it) on CPU where the extension has
-    it, else None: the torch ops below, its specification, run."""
+def _native(device: torch.device, name: str):
+    """``torch.ops.d9d_kernels.<name>`` (csrc/cpu/linear_logits.cpp) on CPU where
+    the extension has it, else None: the torch ops here, its specification, run."""
     if device.type != "cpu" or _extension.CPP_ERROR is not None:
         return None
-    op = getattr(torch.ops.d9d_kernels, "linear_logits_block", None)
+    op = getattr(torch.ops.d9d_kernels, name, None)
     return None if op is None else op.default
+
+
+def _native_rows(device: torch.device):
+    """``linear_logits_rows`` (every block's matmul and pass in one parallel region) or None."""
+    return _native(device, "linear_logits_rows")
 
 
 def _rows_torch(hidden, weight, bias, target, target_logit, start, softcap, sumexp, out) -> None:
@@ -236,27 +268,18 @@ def _rows_torch(hidden, weight, bias, target, target_logit, start, softcap, sume
     zt_all = target_logits(hidden, weight, bias, target, start, softcap) if target_logit is None \
         else target_logit.to(acc)
     rows, cols = blocks(N, V, dt)
+    native = _native_rows(dev)
+    if native is not None:  # the blocks' matmuls and reductions in one C++ call: one parallel region
+        st = torch.empty(N, 4, dtype=torch.float64, device=dev)
+        native(hidden, weight, bias, zt_all, (target - start).contiguous(), cols,
+               task_rows(N, V, dt, torch.get_num_threads()), softcap, sumexp, st)
+        out[:, 0:2] = st[:, 0:2]
+        out[:, 2] = zt_all
+        out[:, 3] = st[:, 2]
+        out[:, 4] = st[:, 3] + start
+        return
     zbuf = torch.empty(rows * cols, dtype=dt, device=dev)
     wt = weight.t()
-    native = _native_block(dev)
-    if native is not None:  # the reductions of each block in one C++ pass over it
-        for r0 in range(0, N, rows):
-            n = min(rows, N - r0)
-            h = hidden[r0 : r0 + n]
-            tloc = (target[r0 : r0 + n] - start).contiguous()
-            zt = zt_all[r0 : r0 + n].contiguous()
-            st = torch.zeros(n, 4, dtype=torch.float64, device=dev)
-            st[:, 0] = float("-inf")
-            for c0 in range(0, V, cols):
-                c = min(cols, V - c0)
-                zb = _block_logits(h, wt, bias, c0, c, zbuf[: n * c].view(n, c), softcap)
-                native(zb, zt, tloc, c0, sumexp, st)
-            o = out[r0 : r0 + n]
-            o[:, 0:2] = st[:, 0:2]
-            o[:, 2] = zt
-            o[:, 3] = st[:, 2]
-            o[:, 4] = st[:, 3] + start
-        return
     fbuf = zbuf if dt == acc else torch.empty(rows * cols, dtype=acc, device=dev)
     ebuf = torch.empty(rows * cols, dtype=acc, device=dev)
     cbuf = torch.empty(rows * cols, dtype=torch.bool, device=dev)
@@ -299,4 +322,4 @@ def _rows_torch(hidden, weight, bias, target, target_logit, start, softcap, sume
         o[:, 4] = A + start
 
 
-__all__ = ["linear_logits", "pick", "raw", "blocks", "scratch_bytes", "target_logits", "OP"]
+__all__ = ["linear_logits", "pick", "raw", "blocks", "task_rows", "scratch_bytes", "target_logits", "OP"]

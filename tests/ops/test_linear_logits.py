@@ -171,12 +171,23 @@ def test_cuda_triton_matches_reference(dtype, shape):
             torch.testing.assert_close(got[:, 1].cpu(), ref[:, 1], rtol=1e-5, atol=0)
 
 
-@pytest.mark.skipif(L._native_block(torch.device("cpu")) is None, reason="extension without linear_logits_block")
+@pytest.fixture
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.mark.skipif(L._native_rows(torch.device("cpu")) is None, reason="extension without linear_logits_rows")
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_cpu_block_pass_equals_its_torch_specification(small_blocks, monkeypatch, dtype):
-    """The C++ pass over each block (csrc/cpu/linear_logits.cpp) against the torch
-    ops it replaces, on the same blocks: integer logits (ties across block edges),
-    random logits, NaN / +Inf rows, targets outside the shard, soft-cap, sumexp off."""
+def test_cpu_block_pass_equals_its_torch_specification(small_blocks, one_thread, monkeypatch, dtype):
+    """The C++ pass (csrc/cpu/linear_logits.cpp) against the torch ops it
+    replaces, on the same blocks (its tasks of the fallback's rows, the
+    matmuls on one thread: torch.mm's rounding depends on the block's rows
+    and on its threads): integer logits (ties across block edges), random
+    logits, NaN / +Inf rows, targets outside the shard, soft-cap, sumexp off."""
+    monkeypatch.setattr(L, "task_rows", lambda N, V, dtype, threads: L.blocks(N, V, dtype)[0])
     g = torch.Generator().manual_seed(5)
     cases = [integer_case(41, 7, 1000, dtype, seed=2)]
     h = torch.randn(33, 16, generator=g).to(dtype)
@@ -189,10 +200,65 @@ def test_cpu_block_pass_equals_its_torch_specification(small_blocks, monkeypatch
         for kw in (dict(), dict(softcap=4.0), dict(sumexp=False, start=100)):
             native = L.linear_logits(h, w, b, t, backend="torch", **kw)
             with monkeypatch.context() as mp:
-                mp.setattr(L, "_native_block", lambda device: None)
+                mp.setattr(L, "_native_rows", lambda device: None)
                 spec = L.linear_logits(h, w, b, t, backend="torch", **kw)
             ok = torch.isfinite(spec[:, 0])  # a row with NaN / +Inf is bad whatever the rest holds
             assert torch.equal(native[:, 0].isnan(), spec[:, 0].isnan())
             for col in (0, 2, 3, 4):
                 torch.testing.assert_close(native[ok, col], spec[ok, col], rtol=0, atol=0, equal_nan=True)
             torch.testing.assert_close(native[ok, 1], spec[ok, 1], rtol=1e-6, atol=0)
+
+
+@pytest.mark.skipif(L._native_rows(torch.device("cpu")) is None, reason="extension without linear_logits_rows")
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_cpu_tasks_any_split_any_threads(small_blocks, dtype):
+    """The C++ op's threads take tasks of ``rows`` rows from a shared counter:
+    every split and thread count gives the same rows (integer logits: exact
+    whatever the matmul's blocking), equal to the reference."""
+    h, w, b, t = integer_case(41, 7, 1000, dtype, seed=4)
+    t[0] = -1
+    ref = ref_rows(h, w, b, t, softcap=3.0)
+    op = L._native_rows(torch.device("cpu"))
+    _, cols = L.blocks(41, 1000, dtype)
+    zt = L.target_logits(h, w, b, t, 0, 3.0)
+    n = torch.get_num_threads()
+    try:
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            for rows in (1, 5, 40, 41, 1000):
+                st = torch.full((41, 4), 7.0, dtype=torch.float64)  # every row written
+                op(h, w, b, zt, t, cols, rows, 3.0, True, st)
+                got = torch.cat([st[:, :2], zt.double()[:, None], st[:, 2:]], 1)
+                assert_rows_equal(got, ref)
+    finally:
+        torch.set_num_threads(n)
+
+
+@pytest.mark.skipif(L._native(torch.device("cpu"), "linear_logits_target") is None,
+                    reason="extension without linear_logits_target")
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("softcap", [None, 4.0])
+def test_cpu_target_logits_equal_their_torch_specification(monkeypatch, dtype, softcap):
+    """The C++ target logits (csrc/cpu/linear_logits.cpp) against target_logits'
+    torch ops: exact on integer logits (targets outside the shard -inf), within
+    the dot's summation order on random ones; a non-contiguous weight too."""
+    h, w, b, t = integer_case(300, 19, 500, dtype, seed=6)
+    t[:3] = torch.tensor([-1, 40, 550])  # outside [start, start + V) = [50, 550)
+    g = torch.Generator().manual_seed(7)
+    hr = torch.randn(300, 64, generator=g).to(dtype)
+    wr = (torch.randn(64, 500, generator=g) / 8).to(dtype).t()  # [V, D], column-major
+    for hh, ww, bb, tol in ((h, w, b, False), (h, w, None, False), (hr, wr, None, True)):
+        got = L.target_logits(hh, ww, bb, t, 50, softcap)
+        with monkeypatch.context() as mp:
+            mp.setattr(L, "_native", lambda device, name: None)
+            spec = L.target_logits(hh, ww, bb, t, 50, softcap)
+        assert got.dtype == spec.dtype
+        assert torch.equal(got.isneginf(), spec.isneginf()) and got[:3].isneginf().all()
+        if not tol:
+            assert torch.equal(got, spec)
+        else:
+            fin = torch.isfinite(spec)
+            idx = (t - 50).clamp(0, 499)
+            dot = (hh.double().abs() * ww.double()[idx].abs()).sum(1)
+            bound = torch.finfo(dtype).eps * spec.double().abs() + 64 * torch.finfo(torch.float32).eps * dot
+            assert ((got.double() - spec.double()).abs()[fin] <= 2 * bound[fin]).all()
