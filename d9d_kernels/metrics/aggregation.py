@@ -177,19 +177,14 @@ class SumMetric(_MomentsAggregation):
     """``Σ w·x`` over every valid element since ``reset`` (float64)."""
 
     def _compute(self, states):
-        s = states["m"]
-        w, sx, px = s["moments"][0], s["moments"][1], s["pivot"][0]
-        return sx + w * torch.nan_to_num(px, nan=0.0)
+        return states["m"]["sum_x"]
 
 
 class WeightedMeanMetric(_MomentsAggregation):
     """``Σ w·x / Σ w`` (NaN when ``Σ w == 0``)."""
 
     def _compute(self, states):
-        s = states["m"]
-        w, sx, px = s["moments"][0], s["moments"][1], s["pivot"][0]
-        mean = sx / w + torch.nan_to_num(px, nan=0.0)
-        return torch.where(w == 0, torch.full_like(mean, float("nan")), mean)
+        return states["m"]["mean_x"]
 
 
 #: MeanMetric.update's default weight; identity tells "not given" (-> no

@@ -17,6 +17,7 @@ the lowest rank that has one; it then stays fixed (``reset`` keeps it).
 from __future__ import annotations
 
 import struct
+from collections.abc import Mapping
 
 import torch
 
@@ -24,7 +25,7 @@ from d9d_kernels import ops
 from d9d_kernels.core.statistic import MAX, REPLICA, SUM, Slot, Statistic, param, statistic
 from d9d_kernels.reference import MOMENTS_SIZE
 
-__all__ = ["MomentsStatistic", "OutputMomentsStatistic", "ExtremaStatistic", "recenter_moments", "first_set"]
+__all__ = ["Moments", "MomentsStatistic", "OutputMomentsStatistic", "ExtremaStatistic", "recenter_moments", "first_set"]
 
 
 def recenter_moments(moments: torch.Tensor, old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
@@ -90,6 +91,74 @@ def first_set(values: list[torch.Tensor]) -> torch.Tensor:
     return p.gather(0, idx[None])[0].reshape(values[0].shape)
 
 
+class Moments(Mapping):
+    """A moments statistic's state by name, pivot-free: what formulas read
+    (``states["m"]["mean_x"]``). Each entry is computed on first access
+    (torch ops on the device); leading dims: one value per output.
+
+    ============  ==========================================================
+    ``weight``    Σw
+    ``count``     n, the valid elements (unweighted)
+    ``sum_x``     Σw·x                       (``sum_y``: Σw·y)
+    ``mean_x``    Σw·x / Σw, NaN where Σw = 0 (``mean_y``)
+    ``ss_x``      Σw·(x − mean_x)², ≥ 0, 0 where Σw = 0 (``ss_y``)
+    ``sp_xy``     Σw·(x − mean_x)(y − mean_y), 0 where Σw = 0
+    ``sum_sq_y``  Σw·y²
+    ``sae``       Σw·|x − y|                 (``sse``: Σw·(x − y)²)
+    ``bad``       the bad-input count
+    ============  ==========================================================
+    """
+
+    NAMES = ("weight", "count", "sum_x", "sum_y", "mean_x", "mean_y", "ss_x", "ss_y", "sp_xy", "sum_sq_y",
+             "sae", "sse", "bad")
+
+    def __init__(self, state: dict[str, torch.Tensor]):
+        self._m, self._pivot, self._bad = state["moments"], state["pivot"], state["bad"]
+        self._cache: dict[str, torch.Tensor] = {}
+
+    def __iter__(self):
+        return iter(self.NAMES)
+
+    def __len__(self) -> int:
+        return len(self.NAMES)
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        v = self._cache.get(name)
+        if v is None:
+            if name not in self.NAMES:
+                raise KeyError(f"{name!r}: a moments statistic's state holds {', '.join(self.NAMES)}")
+            v = self._cache[name] = self._make(name)
+        return v
+
+    def _make(self, name: str) -> torch.Tensor:
+        m, i = self._m, {"x": 1, "y": 3}
+        w = m[..., 0]
+        p = {k: torch.nan_to_num(self._pivot[..., j], nan=0.0) for j, k in enumerate("xy")}
+        if name == "weight":
+            return w
+        if name == "count":
+            return m[..., 8]
+        if name == "bad":
+            return self._bad
+        if name in ("sae", "sse"):
+            return m[..., 6 if name == "sae" else 7]
+        if name == "sp_xy":
+            return m[..., 5] - _safe_div(m[..., 1] * m[..., 3], w)
+        c = name[-1]
+        s, ss = m[..., i[c]], m[..., i[c] + 1]
+        if name.startswith("sum_sq"):
+            return ss + 2.0 * p[c] * s + w * p[c] * p[c]
+        if name.startswith("sum"):
+            return s + w * p[c]
+        if name.startswith("mean"):
+            return torch.where(w == 0, float("nan"), s / w + p[c])
+        return torch.clamp(ss - _safe_div(s * s, w), min=0.0)  # rounding can leave a tiny negative sum
+
+
+def _safe_div(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return torch.where(b == 0, torch.zeros_like(a), a / torch.where(b == 0, torch.ones_like(b), b))
+
+
 @statistic
 class Shareable(Statistic):
     """Base of statistics fed per metric or per group.
@@ -140,6 +209,10 @@ class MomentsStatistic(Shareable):
         ops.weighted_moments(
             x, y, weights, mask, state=state["moments"], bad=state["bad"], pivot=state["pivot"], skip_bad=self.skip_bad
         )
+
+    def view(self, state, need) -> Moments:
+        """The state by name, pivot-free (``Moments``): what formulas read."""
+        return Moments(state)
 
     def choose_replica(self, replicas):
         return {"pivot": first_set([r["pivot"] for r in replicas])}

@@ -125,7 +125,7 @@ class MeanSquaredError(_Outputs):
         self.squared = squared
 
     def _value(self, s):
-        return G.mean_squared_error(s["moments"], self.squared)
+        return G.mean_squared_error(s, self.squared)
 
 
 class MeanAbsoluteError(_Outputs):
@@ -135,7 +135,7 @@ class MeanAbsoluteError(_Outputs):
     _pools = True
 
     def _value(self, s):
-        return G.mean_absolute_error(s["moments"])
+        return G.mean_absolute_error(s)
 
 
 MULTIOUTPUTS = ("raw_values", "uniform_average", "variance_weighted")
@@ -153,7 +153,7 @@ class _PerOutput(_Outputs):
         scores = self._scores(s)
         if scores.dim() == 0:
             return scores
-        return G.average_outputs(scores, s["moments"], self.multioutput)
+        return G.average_outputs(scores, s, self.multioutput)
 
 
 class R2Score(_PerOutput):
@@ -184,8 +184,7 @@ class R2Score(_PerOutput):
         self.adjusted = adjusted
 
     def _scores(self, s):
-        m = s["moments"]
-        return G.r2_adjust(G.r2_score(m), m, self.adjusted)
+        return G.r2_adjust(G.r2_score(s), s, self.adjusted)
 
 
 class PearsonCorrCoef(_Outputs):
@@ -198,7 +197,7 @@ class PearsonCorrCoef(_Outputs):
     _pools = True
 
     def _value(self, s):
-        return G.pearson_corrcoef(s["moments"])
+        return G.pearson_corrcoef(s)
 
 
 class ExplainedVariance(_PerOutput):
@@ -210,4 +209,4 @@ class ExplainedVariance(_PerOutput):
         super().__init__(num_outputs, multioutput, nan_strategy)
 
     def _scores(self, s):
-        return G.explained_variance(s["moments"], s["pivot"])
+        return G.explained_variance(s)

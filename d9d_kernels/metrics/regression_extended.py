@@ -51,7 +51,6 @@ __all__ = [
     "ColumnExtremaStatistic",
 ]
 
-W, SX, SXX, SY, SYY, SXY, SAE, SSE, N = range(9)
 
 #: torchmetrics' WMAPE epsilon
 EPSILON = 1.17e-06
@@ -69,22 +68,6 @@ def _common_float(p: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, torch
     if not dtype.is_floating_point:
         dtype = torch.float64
     return p.to(dtype), t.to(dtype)
-
-
-def _sum_x(m: torch.Tensor, pivot: torch.Tensor) -> torch.Tensor:
-    """``Σw·x`` from moments about the pivot."""
-    return m[..., SX] + m[..., W] * torch.nan_to_num(pivot[..., 0], nan=0.0)
-
-
-def _sum_y(m: torch.Tensor, pivot: torch.Tensor) -> torch.Tensor:
-    """``Σw·y`` from moments about the pivot."""
-    return m[..., SY] + m[..., W] * torch.nan_to_num(pivot[..., 1], nan=0.0)
-
-
-def _sum_yy(m: torch.Tensor, pivot: torch.Tensor) -> torch.Tensor:
-    """``Σw·y²`` (raw) from moments about the pivot."""
-    py = torch.nan_to_num(pivot[..., 1], nan=0.0)
-    return m[..., SYY] + 2.0 * py * m[..., SY] + m[..., W] * py * py
 
 
 @statistic
@@ -213,9 +196,9 @@ class RelativeSquaredError(_SharedMoments):
         self.squared = squared
 
     def _compute(self, states):
-        m = states["m"]["moments"]
-        w, _, syy, _ = G._centred(m)
-        rse = m[..., SSE] / torch.clamp(syy, min=RSE_EPSILON)
+        m = states["m"]
+        w = m["weight"]
+        rse = m["sse"] / torch.clamp(m["ss_y"], min=RSE_EPSILON)
         if not self.squared:
             rse = torch.sqrt(rse)
         rse = torch.where(w > 0, rse, torch.zeros_like(rse))
@@ -246,12 +229,11 @@ class ConcordanceCorrCoef(_SharedMoments):
         super().__init__(nan_strategy=nan_strategy, num_outputs=num_outputs)
 
     def _compute(self, states):
-        s = states["m"]
-        m, pivot = s["moments"], s["pivot"]
-        w, sxx, syy, sxy = G._centred(m)
+        m = states["m"]
+        w = m["weight"]
         dof = torch.clamp(w - 1.0, min=0.0)
-        vx, vy, cov = safe_div(sxx, dof), safe_div(syy, dof), safe_div(sxy, dof)
-        mx, my = safe_div(_sum_x(m, pivot), w), safe_div(_sum_y(m, pivot), w)
+        vx, vy, cov = safe_div(m["ss_x"], dof), safe_div(m["ss_y"], dof), safe_div(m["sp_xy"], dof)
+        mx, my = safe_div(m["sum_x"], w), safe_div(m["sum_y"], w)
         ccc = safe_div(2.0 * cov, vx + vy + (mx - my) ** 2)
         ccc = torch.where(w > 1.0, ccc, torch.zeros_like(ccc))
         return self._squeeze(ccc)
@@ -303,16 +285,15 @@ class NormalizedRootMeanSquaredError(_SharedMoments):
         self._feed(feed)
 
     def _compute(self, states):
-        s = states["m"]
-        m, pivot = s["moments"], s["pivot"]
-        w = m[..., W]
-        rmse = torch.sqrt(safe_div(m[..., SSE], w))
+        m = states["m"]
+        w = m["weight"]
+        rmse = torch.sqrt(safe_div(m["sse"], w))
         if self.normalization == "mean":
-            den = safe_div(_sum_y(m, pivot), w)
+            den = safe_div(m["sum_y"], w)
         elif self.normalization == "std":
-            den = torch.sqrt(safe_div(G._centred(m)[2], w))
+            den = torch.sqrt(safe_div(m["ss_y"], w))
         elif self.normalization == "l2":
-            den = torch.sqrt(torch.clamp(_sum_yy(m, pivot), min=0.0))
+            den = torch.sqrt(torch.clamp(m["sum_sq_y"], min=0.0))
         else:
             e = states["e"]["extrema"]
             den = e[..., 0] + e[..., 1]
@@ -353,7 +334,7 @@ class MeanSquaredLogError(_OwnMoments):
         self._feed({"m": dict(x=torch.log1p(p), y=torch.log1p(t), weights=weights, mask=mask)})
 
     def _compute(self, states):
-        return G.mean_squared_error(states["m"]["moments"], True)
+        return G.mean_squared_error(states["m"], True)
 
 
 class WeightedMeanAbsolutePercentageError(_OwnMoments):
@@ -376,8 +357,8 @@ class WeightedMeanAbsolutePercentageError(_OwnMoments):
         self._feed({"m": dict(x=(p - t).abs_(), y=t.abs(), weights=weights, mask=mask)})
 
     def _compute(self, states):
-        s = states["m"]
-        return _sum_x(s["moments"], s["pivot"]) / torch.clamp(_sum_y(s["moments"], s["pivot"]), min=EPSILON)
+        m = states["m"]
+        return m["sum_x"] / torch.clamp(m["sum_y"], min=EPSILON)
 
 
 class CriticalSuccessIndex(_OwnMoments):
@@ -421,8 +402,8 @@ class CriticalSuccessIndex(_OwnMoments):
         self._feed({"m": dict(x=hit.to(torch.float32), y=union.to(torch.float32), weights=None, mask=mask)})
 
     def _compute(self, states):
-        s = states["m"]
-        return safe_div(_sum_x(s["moments"], s["pivot"]), _sum_y(s["moments"], s["pivot"]))
+        m = states["m"]
+        return safe_div(m["sum_x"], m["sum_y"])
 
 
 # -- weighted means of a per-element value -------------------------------------------
@@ -442,8 +423,7 @@ class _ElementMean(_Pairs):
         self._feed({"m": dict(x=self._value(p, t), weights=weights, mask=mask)})
 
     def _total(self, s) -> torch.Tensor:
-        m = s["moments"]
-        w, total = m[..., W], _sum_x(m, s["pivot"])
+        w, total = s["weight"], s["sum_x"]
         if self.reduction == "sum":
             return total
         return safe_div(total, w)

@@ -53,8 +53,4 @@ class ValueMean(Metric):
         self._feed({"m": {"x": values, "weights": weights, "mask": mask}})
 
     def _compute(self, states):
-        s = states["m"]
-        w, sx, px = s["moments"][0], s["moments"][1], torch.nan_to_num(s["pivot"][0], nan=0.0)
-        if self.reduction == "sum":
-            return sx + w * px
-        return sx / w + px
+        return states["m"]["sum_x" if self.reduction == "sum" else "mean_x"]

@@ -242,8 +242,8 @@ class MeanSquaredLogError(dk.Metric):
         self._feed({"m": dict(x=torch.log1p(preds), y=torch.log1p(target), mask=mask)})
 
     def _compute(self, states):
-        m = states["m"]["moments"]
-        return m[7] / m[0]
+        m = states["m"]
+        return m["sse"] / m["weight"]
 
 
 def test_members_feeding_a_statistic_differently_do_not_share_it():

@@ -22,14 +22,14 @@ class _MSE(dk.Metric):
         self._feed({"m": dict(x=preds, y=target, mask=mask)})
 
     def _compute(self, states):
-        m = states["m"]["moments"]
-        return m[7] / m[0]
+        m = states["m"]
+        return m["sse"] / m["weight"]
 
 
 class _MAE(_MSE):
     def _compute(self, states):
-        m = states["m"]["moments"]
-        return m[6] / m[0]
+        m = states["m"]
+        return m["sae"] / m["weight"]
 
 
 def _in(buf, t):
