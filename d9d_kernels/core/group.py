@@ -19,6 +19,7 @@ Example:
 
 from __future__ import annotations
 
+import warnings
 from typing import Iterator
 
 import torch
@@ -34,6 +35,8 @@ from d9d_kernels.core.metric import (
     routed_error,
     update_signature,
 )
+from d9d_kernels.core import plan as plans_
+from d9d_kernels.core.plan import GroupPlan, Plan, _Recorder, input_key, note
 from d9d_kernels.core.storage import Layout, Storage
 
 __all__ = ["MetricGroup"]
@@ -166,10 +169,73 @@ class MetricGroup(_GroupBase):
         An error raised by a member names it (``MetricGroup['mse']
         (MeanSquaredError)``) and says ``g.update(**inputs)`` routed the
         inputs there; no member's state is written before every routed
-        member's checks passed."""
+        member's checks passed. The first call of each input signature
+        records every member's update on its own (``_record``): the members
+        whose updates record replay together in C++, one that does not
+        (its update transforms its inputs) runs checked, alone, and warns
+        once (``explain()`` says why)."""
         if args:
             inputs = self._name_positional(args, inputs)
-        self._storage.run(self._items(self._collect(inputs, self._targets(frozenset(inputs)))))
+        st = self._storage
+        key = None if torch.compiler.is_compiling() else input_key(id(self), (), inputs)  # traced: checked
+        entry = None if key is None else st.plans.get(key)
+        if entry is None and key is not None and len(st.plans) < plans_.MAX_PLANS:
+            st.plans[key] = self._record(inputs)
+            return
+        if entry is None:
+            st.run(self._items(self._collect(inputs, self._targets(frozenset(inputs)))))
+            return
+        items = self._items(self._collect(inputs, entry.checked)) if entry.checked else ()
+        if entry.plan is not None:
+            entry.plan.run(st, tuple(inputs.values()))
+        if items:
+            st.run([(j, kw) for j, kw in items if entry.plan is None or j not in entry.plan.stats])
+
+    update._d9d_planned = True  # plans per member (_record), not as one update
+
+    def _record(self, inputs: dict) -> GroupPlan:
+        """Runs the update once, recording each member's checks and statistics
+        on their own: one ``Plan`` for the members that record, the others checked."""
+        st = self._storage
+        targets = self._targets(frozenset(inputs))
+        if not targets:
+            self._collect(inputs, targets)  # raises: no member takes these inputs
+        calls, collected = [], []
+        for m in targets:  # every member's checks before any write
+            with _Recorder() as rec:
+                collected += self._collect(inputs, [m])
+            calls.append(rec.calls)
+        done: set = set()
+        for i, part in enumerate(collected):
+            items = [(j, kw) for j, kw in self._items([part]) if j not in done]
+            done.update(j for j, _ in items)
+            with _Recorder() as rec:
+                st.run(items)
+            calls[i] = calls[i] + rec.calls
+        ok, checked = [], []
+        for m, c in zip(targets, calls):
+            plan, why = Plan.record(st, c, (), inputs)
+            note(st, m._name, why)
+            if why is None:
+                ok += c
+            else:
+                checked.append(m)
+                self._warn_checked(m, why)
+        plan, why = Plan.record(st, ok, (), inputs)
+        return GroupPlan(plan, checked) if why is None else GroupPlan(None, targets)
+
+    def _warn_checked(self, m: Metric, why: str) -> None:
+        warned = self.__dict__.setdefault("_warned_checked", set())
+        if m._name not in warned:
+            warned.add(m._name)
+            warnings.warn(f"{m._label}.update cannot be recorded ({why}): it runs its checked path at every call; "
+                          "the other members replay theirs. g.explain() lists each member's path.", UserWarning,
+                          stacklevel=4)
+
+    def explain(self) -> dict[str, str]:
+        """How each member's update runs, per name (``Metric.explain``)."""
+        paths = self._storage.paths
+        return {n: "; ".join(paths[n]) if n in paths else "not updated yet" for n in self._members}
 
     def _collect(self, inputs: dict, targets: list) -> list:
         """The checks of the members ``inputs`` are routed to (``targets``), nothing

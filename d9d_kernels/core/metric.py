@@ -444,6 +444,23 @@ class Metric(_Base, metaclass=_MetricMeta):
             raise NotImplementedError(f"{type(self).__name__} must implement update()")
         self._feed({_CUSTOM: {"args": args, "kwargs": kwargs}})
 
+    def explain(self) -> dict[str, str]:
+        """How this metric's update runs: ``{name: path}``, "recorded" (later
+        calls of an input signature replay its op calls in C++) or "checked
+        at every call" with the reason (e.g. an op argument its update made
+        from its inputs), per input signature seen; a group: per member.
+
+        Example:
+            >>> import torch, d9d_kernels as dk
+            >>> m = dk.SumMetric()
+            >>> m.update(torch.tensor([1.0, 2.0]))
+            >>> m.explain()
+            {'SumMetric': 'recorded: later calls of each input signature replay its op calls in C++'}
+        """
+        name = self.__dict__.get("_name") or self._label
+        paths = self._storage.paths.get(name)
+        return {name: "; ".join(paths) if paths else "not updated yet"}
+
     def trigger_sync(self, ctx=None) -> None:
         """Snapshots the local state and launches the async collective(s)."""
         self._whole_storage("trigger_sync")

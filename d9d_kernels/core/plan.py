@@ -23,7 +23,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from d9d_kernels import _extension
 
-__all__ = ["planned", "input_key", "Plan"]
+__all__ = ["planned", "input_key", "Plan", "GroupPlan", "note", "RECORDED", "MAX_PLANS"]
 
 # csrc/host/replay.cpp; without the extension every update runs checked
 _replay_new = getattr(_extension._C, "replay_new", None) if _extension.CPP_ERROR is None else None
@@ -88,13 +88,23 @@ class Plan:
         self._bound: dict = {}  # id(views) -> (views, the C++ replay bound to them)
 
     @staticmethod
-    def record(storage, calls: list, args: tuple, kwargs: dict) -> "Plan | None":
-        """The plan of one checked update's ``calls``, or None when it did other work."""
+    def record(storage, calls: list, args: tuple, kwargs: dict) -> tuple["Plan | None", str | None]:
+        """``(plan, None)`` for one checked update's ``calls``; ``(None, why)``
+        when it did other work; ``(None, None)`` when it called no op."""
         inputs = (*args, *kwargs.values())
         state = {id(t): (j, name) for j, v in enumerate(storage.local_views) for name, t in v.items()}
         scalars_in = [i for i, v in enumerate(inputs) if isinstance(v, (int, float))]  # bools too
         numbers_in = [i for i in scalars_in if not isinstance(inputs[i], bool)]
         fills, made, steps, stats = [], [], [], set()  # made: (tensor, fill index) of every number fill
+
+        made_by = {id(out): func for func, _, _, out in calls if isinstance(out, torch.Tensor)}
+
+        def why_not(a) -> str:
+            if not isinstance(a, torch.Tensor):
+                return f"a number argument equal to one of its Python-number inputs ({a!r})"
+            f = made_by.get(id(a))
+            return f"an op argument made by {f} from its inputs" if f is not None else \
+                "an op argument that is neither an input, a reshape of one, nor a state view"
 
         def source(a):
             if not isinstance(a, torch.Tensor):
@@ -117,10 +127,11 @@ class Plan:
         for func, fargs, fkwargs, out in calls:
             if func.namespace == "d9d_kernels":
                 if fkwargs:
-                    return None
+                    return None, f"{func} called with keyword arguments"
                 spec = [source(a) for a in fargs]
-                if any(s is None for s in spec):
-                    return None
+                bad = next((a for a, sp in zip(fargs, spec) if sp is None), _UNPLANNED)
+                if bad is not _UNPLANNED:
+                    return None, f"{func} takes {why_not(bad)}"
                 stats.update(s[1][0] for s in spec if s[0] == _STATE)
                 steps.append((func, tuple(spec)))
             elif func is torch.ops.aten.full.default and isinstance(out, torch.Tensor):
@@ -129,9 +140,15 @@ class Plan:
                 if len(hit) == 1:
                     made.append((out, len(fills)))
                     fills.append((hit[0], None, None, None))
-            elif _writes(func) or (isinstance(out, (bool, int, float)) and any(isinstance(a, torch.Tensor) for a in fargs)):
-                return None  # a write the replay would not repeat, or a tensor's value read on the host
-        return Plan(steps, stats, fills) if steps and _replay_new is not None else None
+            elif _writes(func):
+                return None, f"it writes with {func} (the replay repeats only d9d_kernels ops)"
+            elif isinstance(out, (bool, int, float)) and any(isinstance(a, torch.Tensor) for a in fargs):
+                return None, f"it reads a tensor's value on the host ({func})"
+        if not steps:
+            return None, None
+        if _replay_new is None:
+            return None, "the C++ extension (csrc/host/replay.cpp) is not built"
+        return Plan(steps, stats, fills), None
 
     def run(self, storage, inputs: tuple) -> None:
         views = storage.local_views
@@ -157,6 +174,27 @@ class Plan:
                 i, shape, dtype, device = self.fills[a]
                 dyn.append((p, c, list(shape), i, dtype, device))
         return func._schema.name, func._schema.overload_name, base, dyn
+
+
+RECORDED = "recorded: later calls of each input signature replay its op calls in C++"
+
+
+def note(storage, name: str, why: str | None) -> None:
+    """Records how ``name``'s update runs for the signature just recorded (``Metric.explain``)."""
+    paths = storage.paths.setdefault(name, {})
+    paths[RECORDED if why is None else f"checked at every call: {why}"] = None
+
+
+class GroupPlan:
+    """A group update's recording for one signature: ``plan`` replays the
+    members whose updates record (None if none did); the ``checked`` members
+    run their own update at every call, after every member's checks and
+    the plan, skipping the statistics the plan ran."""
+
+    __slots__ = ("plan", "checked")
+
+    def __init__(self, plan: Plan | None, checked: list):
+        self.plan, self.checked = plan, checked
 
 
 def _checked(update, self, args, kwargs):
@@ -198,7 +236,9 @@ def planned(update):
             return _checked(update, self, args, kwargs)
         with _Recorder() as rec:
             _checked(update, self, args, kwargs)
-        plans[key] = Plan.record(storage, rec.calls, args, kwargs) or _UNPLANNED
+        plan, why = Plan.record(storage, rec.calls, args, kwargs)
+        plans[key] = plan or _UNPLANNED
+        note(storage, self.__dict__.get("_name") or self._label, why)
 
     wrapper._d9d_planned = True
     return wrapper

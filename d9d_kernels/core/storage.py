@@ -281,6 +281,7 @@ class Storage:
         self.local_views = [self.layout.views(self.local, j) for j in range(len(self.layout.stats))]
         self.snapshots = [(b, [self.layout.views(b, j) for j in range(len(self.layout.stats))]) for b in snaps]
         self.plans: dict = {}  # d9d_kernels.core.plan: input signature -> Plan (buffers changed: start afresh)
+        self.paths: dict = {}  # name -> how its update ran at each recording (Metric.explain)
         self.scratch = None  # d9d_kernels.core.forward.Scratch, made at the first forward
         self.touched: set | None = None  # inside a forward: the statistics the update ran
 

@@ -168,8 +168,9 @@ def test_an_input_number_reaching_an_op_as_a_constant_is_never_frozen_into_a_pla
     p = torch.zeros(6, dtype=torch.int64)
     with plan._Recorder() as rec:
         m.update(p, t, 4)
-    assert plan.Plan.record(m._storage, rec.calls, (p, t, 4), {}) is None
-    assert isinstance(plan.Plan.record(m._storage, rec.calls, (p, t, 4.0), {}), plan.Plan)  # 4.0 is not the int 4
+    frozen, why = plan.Plan.record(m._storage, rec.calls, (p, t, 4), {})
+    assert frozen is None and "a number argument equal to one of its Python-number inputs (4)" in why, why
+    assert isinstance(plan.Plan.record(m._storage, rec.calls, (p, t, 4.0), {})[0], plan.Plan)  # 4.0 is not the int 4
     m.update(p, t, 1)
     want = np.bincount(t[t != 4].numpy(), minlength=C) + np.bincount(t[t != 1].numpy(), minlength=C)
     np.testing.assert_array_equal(m.compute().numpy(), want)
