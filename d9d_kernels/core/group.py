@@ -234,8 +234,7 @@ class MetricGroup(_GroupBase):
 
     def explain(self) -> dict[str, str]:
         """How each member's update runs, per name (``Metric.explain``)."""
-        paths = self._storage.paths
-        return {n: "; ".join(paths[n]) if n in paths else "not updated yet" for n in self._members}
+        return {n: m.explain()[n] for n, m in self._members.items()}
 
     def _collect(self, inputs: dict, targets: list) -> list:
         """The checks of the members ``inputs`` are routed to (``targets``), nothing

@@ -459,7 +459,12 @@ class Metric(_Base, metaclass=_MetricMeta):
         """
         name = self.__dict__.get("_name") or self._label
         paths = self._storage.paths.get(name)
-        return {name: "; ".join(paths) if paths else "not updated yet"}
+        if paths:
+            return {name: "; ".join(paths)}
+        if type(self)._planned_update is None:
+            return {name: "checked at every call: its update is a class's own, outside the library's planner "
+                          "(a MetricGroup's update records it when it can)"}
+        return {name: "not updated yet"}
 
     def trigger_sync(self, ctx=None) -> None:
         """Snapshots the local state and launches the async collective(s)."""

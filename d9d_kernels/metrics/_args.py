@@ -126,6 +126,27 @@ def check_preds_target(metric: str, preds, target) -> None:
         fail(metric, "target", f"must be on preds' device {preds.device}, got {target.device}")
 
 
+def check_pairs(metric: str, preds, target, weights=None, mask=None) -> None:
+    """The shared checks of an elementwise ``update(preds, target, weights, mask)``:
+    real tensors on one device, ``target`` of ``preds``' shape, ``weights`` a
+    real tensor on that device broadcastable to it, ``mask`` a bool one."""
+    check_preds_target(metric, preds, target)
+    ps = tuple(preds.shape)
+    check(tuple(target.shape) == ps, metric, "target", f"must have preds' shape {ps}, got {tuple(target.shape)}")
+    check_weights(metric, weights, preds)
+    check_mask(metric, mask, ps)
+
+
+def check_weights(metric: str, weights, like) -> None:
+    """``weights``: None, or a real tensor on ``like``'s device broadcastable to its shape."""
+    if weights is None:
+        return
+    check_tensor(metric, "weights", weights)
+    check(weights.device == like.device, metric, "weights", f"must be on preds' device {like.device}, got {weights.device}")
+    check(broadcasts_to(weights.shape, like.shape), metric, "weights",
+          f"of shape {tuple(weights.shape)} does not broadcast to preds' {tuple(like.shape)}")
+
+
 def check_mask(metric: str, mask, shape) -> None:
     if mask is None:
         return

@@ -165,7 +165,8 @@ class ClassStatistic(LabelledStatistic):
         )
 
     def view(self, state: dict[str, torch.Tensor], need: "ClassStatistic") -> dict[str, torch.Tensor]:
-        """``need``'s own layout: ``stats`` [len(need.top_ks), 3, C] etc."""
+        """``need``'s own layout: ``stats`` [len(need.top_ks), 3, C] etc.
+        (``counts`` names them)."""
         out = super().view(state, need)
         idx = [self.top_ks.index(k) for k in need.top_ks]
         if idx == list(range(idx[0], idx[0] + len(idx))):
@@ -173,6 +174,17 @@ class ClassStatistic(LabelledStatistic):
         else:
             out["stats"] = state["stats"][idx]
         return out
+
+    @staticmethod
+    def counts(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """A member's state (``states[name]`` in ``_compute``) by name, as
+        views: ``tp``, ``predicted``, ``actual`` ``[k, C]`` (true positives,
+        rows predicted as the class, rows whose target is the class, per
+        top-k of the member), ``rows`` (valid rows), ``nll_sum``
+        (Σ logsumexp(s) − s[target], with ``nll``)."""
+        st = state["stats"]
+        return {"tp": st[:, 0], "predicted": st[:, 1], "actual": st[:, 2], "rows": state["extras"][0],
+                "nll_sum": state["extras"][1]}
 
 
 def refine_top_k(scores: torch.Tensor, target: torch.Tensor, k: int) -> torch.Tensor:

@@ -57,7 +57,7 @@ class JensenShannonDivergence(ValueMean):
     def update(self, p: torch.Tensor, q: torch.Tensor, mask: torch.Tensor | None = None) -> None:
         """Adds rows ``[N, D]``; ``mask`` (bool ``[N]``) drops rows."""
         _check_rows("JensenShannonDivergence", "p", "q", p, q)
-        self._check_optional(p.shape[:1], None, mask)
+        A.check_mask(type(self).__name__, mask, p.shape[:1])
         p, q = p.to(torch.float64), q.to(torch.float64)
         if self.log_prob:
             m = torch.logsumexp(torch.stack([p, q]), dim=0) - math.log(2.0)

@@ -18,11 +18,7 @@ class _PercentageError(ValueMean):
     def update(self, preds: torch.Tensor, target: torch.Tensor, weights: torch.Tensor | None = None,
                mask: torch.Tensor | None = None) -> None:
         """Adds a batch (any equal shapes; ``weights``/``mask`` broadcastable)."""
-        name = type(self).__name__
-        A.check_preds_target(name, preds, target)
-        A.check(tuple(preds.shape) == tuple(target.shape), name, "target",
-                f"must have preds' shape {tuple(preds.shape)}, got {tuple(target.shape)}")
-        self._check_optional(preds.shape, weights, mask)
+        A.check_pairs(type(self).__name__, preds, target, weights, mask)
         # the error in the inputs' floating dtype (torchmetrics' precision; a float32
         # batch needs no float64 copies), summed in float64 by the kernel
         dtype = torch.promote_types(preds.dtype, target.dtype)

@@ -48,18 +48,8 @@ class _Regression(Metric):
         mask: torch.Tensor | None = None,
     ) -> None:
         """Adds a batch (device-local, no host sync)."""
-        name = type(self).__name__
-        A.check_preds_target(name, preds, target)
-        ps = tuple(preds.shape)
-        if not (tuple(target.shape) == ps):
-            A.fail(name, "target", f"must have preds' shape {ps}, got {tuple(target.shape)}")
-        if weights is not None:
-            A.check_tensor(name, "weights", weights)
-            ws = tuple(weights.shape)
-            A.check(len(ws) <= len(ps) and all(w in (1, p) for w, p in zip(ws[::-1], ps[::-1])), name, "weights",
-                    f"of shape {ws} does not broadcast to preds' {ps}")
-        A.check_mask(name, mask, ps)
-        self._check_outputs(ps)
+        A.check_pairs(type(self).__name__, preds, target, weights, mask)
+        self._check_outputs(tuple(preds.shape))
         self._feed({"m": dict(x=preds, y=target, weights=weights, mask=mask)})
 
     def _check_outputs(self, shape: tuple[int, ...]) -> None:

@@ -119,17 +119,8 @@ class _Pairs(Metric):
     def update(self, preds: torch.Tensor, target: torch.Tensor, weights: torch.Tensor | None = None,
                mask: torch.Tensor | None = None) -> None:
         """Adds a batch (device-local, no host sync)."""
-        name = type(self).__name__
-        A.check_preds_target(name, preds, target)
+        A.check_pairs(type(self).__name__, preds, target, weights, mask)
         ps = tuple(preds.shape)
-        A.check(tuple(target.shape) == ps, name, "target", f"must have preds' shape {ps}, got {tuple(target.shape)}")
-        if weights is not None:
-            A.check_tensor(name, "weights", weights)
-            A.check(weights.device == preds.device, name, "weights",
-                    f"must be on preds' device {preds.device}, got {weights.device}")
-            A.check(A.broadcasts_to(weights.shape, ps), name, "weights",
-                    f"of shape {tuple(weights.shape)} does not broadcast to preds' {ps}")
-        A.check_mask(name, mask, ps)
         self._check_outputs(ps)
         if weights is not None and tuple(weights.shape) != ps:
             weights = torch.broadcast_to(weights, ps)

@@ -37,13 +37,6 @@ class ValueMean(Metric):
         A.check_choice(name, "reduction", reduction, ("mean", "sum"))
         return reduction
 
-    def _check_optional(self, shape, weights, mask) -> None:
-        name = type(self).__name__
-        if weights is not None:
-            A.check_tensor(name, "weights", weights)
-            A.check(A.broadcasts_to(weights.shape, shape), name, "weights",
-                    f"of shape {tuple(weights.shape)} does not broadcast to {tuple(shape)}")
-        A.check_mask(name, mask, shape)
 
     def _add(self, values, weights=None, mask=None) -> None:
         if weights is not None:
