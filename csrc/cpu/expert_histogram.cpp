@@ -68,7 +68,8 @@ void expert_histogram_cpu(const at::Tensor& indices, at::IntArrayRef layers, con
   const int64_t R = indices.size(0), N = indices.size(1), E = load.size(1);
   double* ld = load.data_ptr<double>();
   if (R > 0 && N > 0) {
-    const int64_t threads = at::in_parallel_region() ? 1 : at::get_num_threads();
+    // threads only for work worth a hand-off (a tiny batch runs inline: no pool wake-up)
+    const int64_t threads = (at::in_parallel_region() || R * N < 4 * kGrain) ? 1 : at::get_num_threads();
     // slices per row: every thread busy when rows are few, each slice at least kGrain slots
     const int64_t per_row =
         std::max<int64_t>(1, std::min<int64_t>((N + kGrain - 1) / kGrain, (threads + R - 1) / R));
