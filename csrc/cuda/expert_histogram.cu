@@ -26,7 +26,7 @@ struct LayerIds {
 
 template <class I>
 __global__ void __launch_bounds__(kThreads)
-    load_kernel(const I* idx, int64_t s0, int64_t s1, int64_t n, int64_t E, LayerIds lay, double* load, double* bad,
+    expert_load_kernel(const I* idx, int64_t s0, int64_t s1, int64_t n, int64_t E, LayerIds lay, double* load, double* bad,
                 bool in_smem) {
   extern __shared__ uint32_t cnt[];
   const int row = blockIdx.y;
@@ -59,7 +59,7 @@ __global__ void __launch_bounds__(kThreads)
 
 template <class T>
 __global__ void __launch_bounds__(kThreads)
-    gate_kernel(const T* probs, int64_t s0, int64_t s1, int64_t s2, int64_t T_, int64_t E, LayerIds lay,
+    expert_gate_kernel(const T* probs, int64_t s0, int64_t s1, int64_t s2, int64_t T_, int64_t E, LayerIds lay,
                 double* gate) {
   const int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   const int row = blockIdx.z;
@@ -87,7 +87,7 @@ void expert_histogram_cuda(const at::Tensor& indices, at::IntArrayRef layers, co
     for (int r = 0; r < rows; ++r) lay.id[r] = layers[r0 + r];
     if (n > 0) {
       AT_DISPATCH_INDEX_TYPES(indices.scalar_type(), "expert_histogram_cuda", [&] {
-        auto kernel = load_kernel<index_t>;
+        auto kernel = expert_load_kernel<index_t>;
         const size_t smem = counter_smem(kernel, E);
         // one wave over all rows; per row at least enough blocks that none counts 2^31 slots, and
         // (shared counters) no more blocks than would each read about as many slots as they flush
@@ -112,7 +112,7 @@ void expert_histogram_cuda(const at::Tensor& indices, at::IntArrayRef layers, co
             1, std::min<int64_t>({T_, sms * 8 / std::max<int64_t>(1, e_blocks * rows), 65535}));
         const dim3 grid(static_cast<unsigned>(e_blocks), static_cast<unsigned>(t_blocks),
                         static_cast<unsigned>(rows));
-        gate_kernel<scalar_t><<<grid, threads, 0, stream>>>(pr.data_ptr<scalar_t>() + r0 * pr.stride(0),
+        expert_gate_kernel<scalar_t><<<grid, threads, 0, stream>>>(pr.data_ptr<scalar_t>() + r0 * pr.stride(0),
                                                             pr.stride(0), pr.stride(1), pr.stride(2), T_, E, lay,
                                                             gate->data_ptr<double>());
         C10_CUDA_KERNEL_LAUNCH_CHECK();
