@@ -135,6 +135,20 @@ def _norm_entropy(p: torch.Tensor, E: int) -> torch.Tensor:
     return -torch.special.xlogy(p, p).sum(-1) / math.log(E) + 0.0  # + 0.0: no -0.0 for a one-expert layer
 
 
+def _percentile(values: torch.Tensor, keep: torch.Tensor, q: float) -> torch.Tensor:
+    """numpy's linear-interpolation percentile ``q`` of ``values`` where ``keep``
+    (NaN when nothing is kept), by a sort and a gather on the device (no host
+    read: ``torch.quantile`` may check ``q`` on the host)."""
+    ordered = torch.where(keep, values, math.inf).sort().values  # kept values first
+    n = keep.sum(dtype=values.dtype)
+    pos = (n - 1).clamp(min=0) * q
+    lo = pos.floor()
+    below = ordered.gather(0, lo.to(torch.int64).reshape(1))[0]
+    above = ordered.gather(0, pos.ceil().to(torch.int64).reshape(1))[0]
+    value = below + (above - below) * (pos - lo)
+    return torch.where(n > 0, value, torch.full_like(value, float("nan")))
+
+
 def _mean_over(values: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
     """Mean of ``values`` where ``keep``; NaN when nothing is kept (0 / 0)."""
     zero = torch.zeros_like(values)
@@ -318,10 +332,10 @@ class ExpertLoad(Metric):
             self._checked_compute(states)  # raises with the causes
         s = states["s"]
         out = {"load": s["load"].clone(), **expert_load_summary(s["load"], s.get("gate"))}
-        v = out["violation"]
-        q = torch.nanquantile(v, torch.tensor([0.5, 0.9], dtype=v.dtype, device=v.device))
-        out["violation_p50"], out["violation_p90"] = q[0], q[1]
-        out["violation_max"] = torch.where(out["active"].any(), torch.where(out["active"], v, -math.inf).amax(),
+        v, active = out["violation"], out["active"]
+        out["violation_p50"] = _percentile(v, active, 0.5)
+        out["violation_p90"] = _percentile(v, active, 0.9)
+        out["violation_max"] = torch.where(active.any(), torch.where(active, v, -math.inf).amax(),
                                            torch.full_like(v[0], float("nan")))
         return out if bad is None or checked else poisoned(out, bad)
 

@@ -167,6 +167,9 @@ def test_percentiles():
     assert per["violation_p50"].item() == pytest.approx(np.percentile(v, 50))
     assert per["violation_p90"].item() == pytest.approx(np.percentile(v, 90))
     assert per["violation_max"].item() == v.max()
+    one = dk.ExpertLoad(E, num_layers=3)
+    one.update(counts=torch.tensor([3, 1, 0, 0]), layers=[1])  # one active layer: every percentile is its value
+    assert [one.per_layer()[k].item() for k in ("violation_p50", "violation_p90", "violation_max")] == [2.0] * 3
     empty = dk.ExpertLoad(E, num_layers=2).per_layer()
     assert all(math.isnan(empty[k].item()) for k in ("violation_p50", "violation_p90", "violation_max"))
 
