@@ -78,6 +78,8 @@ class ExpertLoadStatistic(Statistic):
         state["bad"].add_((~ok).sum(dtype=torch.float64).reshape(1))
         c = torch.where(ok, c, torch.zeros((), dtype=torch.float64, device=c.device))
         load = state["load"]
+        if not layers:
+            return
         if layers == list(range(layers[0], layers[0] + len(layers))):  # a pipeline stage's contiguous layers
             load[layers[0]:layers[0] + len(layers)].add_(c)
         else:

@@ -5,6 +5,7 @@ The reference in ``d9d_kernels.reference`` is the specification.
 
 from __future__ import annotations
 
+import math
 import operator
 from typing import Sequence
 
@@ -72,7 +73,8 @@ def expert_histogram(
              TypeError)
     if indices.dtype not in (torch.int64, torch.int32):
         indices = as_index(OP, "indices", indices)
-    indices = indices.reshape(1, -1) if indices.dim() <= 1 else indices.reshape(indices.shape[0], -1)
+    rows = 1 if indices.dim() <= 1 else indices.shape[0]
+    indices = indices.reshape(rows, math.prod(indices.shape[1:]) if indices.dim() > 1 else indices.numel())
     if probs is not None:
         probs = as_float(OP, "probs", probs)
         if probs.dim() == 2:

@@ -125,6 +125,9 @@ def test_layer_subsets_counts_and_reset():
     load[3] += counts[0]
     assert torch.equal(m.per_layer()["load"], torch.from_numpy(load))
     assert_matches(m.compute(), np_summary(load))
+    m.update(counts=torch.zeros(0, E), layers=[])  # a stage without MoE layers: nothing
+    m.update(torch.zeros(0, 3, k, dtype=torch.long), layers=[])
+    assert torch.equal(m.per_layer()["load"], torch.from_numpy(load))
     m.reset()  # after reset: nothing, NaN everywhere; then only the new data
     assert_matches(m.compute(), np_summary(np.zeros((L, E))))
     m.update(torch.from_numpy(a), layers=[0, 3])
