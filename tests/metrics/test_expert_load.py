@@ -262,3 +262,38 @@ def test_update_from_d9d_model():
     assert all(int(b.mlp.tokens_per_expert.sum()) == 0 for b in stage.layers.values())  # reset_stats ran
     m.update_from_model(stage)  # nothing new: unchanged
     assert_matches(m.compute(), np_summary(want))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["cuda", "triton"])
+def test_gpu_no_host_sync_graph_capture_and_values(backend, monkeypatch):
+    """On a GPU: the planned update makes no host sync, replays inside a CUDA graph, and
+    matches numpy; compute() makes no host sync either."""
+    if backend not in dk.ops.backends():
+        pytest.skip(f"backend {backend} not available")
+    monkeypatch.setenv("D9D_KERNELS_BACKEND", backend)
+    E, L, k = 128, 48, 8
+    rng = np.random.default_rng(5)
+    batches = [(routing(rng, L, 512, k, E, drop=0.05), list(range(L))) for _ in range(3)]
+    dev = torch.device("cuda")
+    idx = [torch.from_numpy(b[0]).to(dev) for b in batches]
+    m = dk.ExpertLoad(E, num_layers=L, top_k=k).to(dev)
+    m.update(idx[0])  # records the plan (and warms the kernel)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        m.update(idx[1])
+        out = m.compute()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert_matches({kk: v.cpu() for kk, v in out.items()}, np_summary(np_load(batches[:2], L, E)))
+    graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        with torch.cuda.graph(graph, stream=stream):
+            m.update(idx[2])
+    torch.cuda.current_stream().wait_stream(stream)
+    graph.replay()
+    m._storage.dirty = True  # replays run no Python (docs/metrics_core.md)
+    torch.cuda.synchronize()
+    assert torch.equal(m.per_layer()["load"].cpu(), torch.from_numpy(np_load(batches, L, E)))
