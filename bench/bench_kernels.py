@@ -107,9 +107,21 @@ def case_score_histogram(N, C):
     return run, raw, N * 12, 10 * N * 8
 
 
+def case_expert_histogram(N, C):
+    # MoE routing: N slots over L = 48 layers (fewer when N is tiny), C experts
+    L = max(1, min(48, N))
+    E = C or 128
+    idx = randint(E, (L, max(1, N // L)))
+    load, bad = f64(L, E), f64(1)
+    layers = list(range(L))
+    run = lambda b: dk.ops.expert_histogram(idx, layers, load=load, bad=bad, backend=b)  # noqa: E731
+    raw = lambda: torch.ops.d9d_kernels.expert_histogram.default(idx, layers, None, load, None, bad)  # noqa: E731
+    return run, raw, idx.numel() * 8, 6 * idx.numel() * 8
+
+
 def tiny_classes(case: str) -> int:
     """C of the N=1 (per-call overhead) row of ``case``."""
-    return 10 if case.startswith("class_stats") or case == "score_histogram" else 0
+    return 10 if case.startswith("class_stats") or case in ("score_histogram", "expert_histogram") else 0
 
 
 CASES = {
@@ -119,6 +131,7 @@ CASES = {
     "class_stats_logits": case_class_stats_logits,
     "binary_stats": case_binary_stats,
     "score_histogram": case_score_histogram,
+    "expert_histogram": case_expert_histogram,
 }
 
 
@@ -129,6 +142,7 @@ def plan_cuda(quick: bool):
     for case in ("weighted_moments", "running_extrema", "binary_stats"):
         out += [(case, n, 0) for n in ns]
     out += [("score_histogram", n, B) for n in ns for B in (1000, 10_000)]
+    out += [("expert_histogram", n, 128) for n in ns]
     for C in (10, 1000):
         out += [("class_stats_indices", n, C) for n in ns]
     logits = [(4096, 32000), (16384, 128000)] if quick else [(16384, 1000), (4096, 32000), (3, 50257), (16384, 128000)]
@@ -143,6 +157,7 @@ def plan(quick: bool):
     for case in ("weighted_moments", "running_extrema", "binary_stats"):
         out += [(case, n, 0) for n in ns]
     out += [("score_histogram", n, 1000) for n in ns]
+    out += [("expert_histogram", n, 128) for n in ns]
     for C in (10, 1000):
         out += [("class_stats_indices", n, C) for n in ns]
     logits = [(256, 1000), (2048, 1000), (128, 32000)] if quick else [(1024, 1000), (16384, 1000), (1024, 32000), (16384, 32000)]

@@ -19,6 +19,9 @@ TORCH_LIBRARY(d9d_kernels, m) {
       "score_histogram(Tensor preds, Tensor target, Tensor? mask, int? ignore_index, int input_kind, "
       "bool multiclass, Tensor(a!) hist, Tensor(b!) bad) -> ()");
   m.def("running_extrema(Tensor x, Tensor? mask, bool skip_bad, Tensor(a!) state, Tensor(b!) bad) -> ()");
+  m.def(
+      "expert_histogram(Tensor indices, int[] layers, Tensor? probs, Tensor(a!) load, Tensor(b!)? gate, "
+      "Tensor(c!) bad) -> ()");
   // Internal (CPU only, not in d9d_kernels._extension.OPS): the per-row partials
   // of a vocab-parallel shard, and their combination over the tp ranks added
   // to the class_stats state, csrc/cpu/vocab_partials.cpp.
@@ -45,6 +48,7 @@ TORCH_LIBRARY(d9d_kernels, m) {
 // write in place and return nothing: checking is all a meta kernel does.
 #include "kernels/binary_checks.h"
 #include "kernels/class_stats_checks.h"
+#include "kernels/expert_histogram_checks.h"
 #include "kernels/running_extrema_checks.h"
 #include "kernels/weighted_moments_checks.h"
 
@@ -80,6 +84,11 @@ void running_extrema_meta(const at::Tensor& x, const OptTensor& mask, bool, cons
   check_running_extrema(x, mask, state, bad);
 }
 
+void expert_histogram_meta(const at::Tensor& indices, at::IntArrayRef layers, const OptTensor& probs,
+                           const at::Tensor& load, const OptTensor& gate, const at::Tensor& bad) {
+  check_expert_histogram(indices, layers, probs, load, gate, bad);
+}
+
 // The internal ops are called only by library code that shapes their
 // arguments itself: shape-free meta kernels.
 void vocab_partials_meta(const at::Tensor&, const at::Tensor&, int64_t, int64_t, bool, const at::Tensor&) {}
@@ -100,6 +109,7 @@ TORCH_LIBRARY_IMPL(d9d_kernels, Meta, m) {
   m.impl("binary_stats", &d9d::binary_stats_meta);
   m.impl("score_histogram", &d9d::score_histogram_meta);
   m.impl("running_extrema", &d9d::running_extrema_meta);
+  m.impl("expert_histogram", &d9d::expert_histogram_meta);
   m.impl("vocab_partials", &d9d::vocab_partials_meta);
   m.impl("vocab_class_stats", &d9d::vocab_class_stats_meta);
   m.impl("linear_logits_rows", &d9d::linear_logits_rows_meta);

@@ -45,6 +45,7 @@ _EXPORTS = {
     "d9d_kernels.metrics.divergence": ("JensenShannonDivergence",),
     "d9d_kernels.metrics.running": ("RunningMean", "ExponentialMovingAverage"),
     "d9d_kernels.metrics.running_window": ("Running", "RunningSum"),
+    "d9d_kernels.metrics.expert_load": ("ExpertLoad",),
 }
 # public name -> module that defines it
 _NAMES = {name: module for module, names in _EXPORTS.items() for name in names}

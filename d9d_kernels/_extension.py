@@ -13,7 +13,7 @@ import os
 
 import torch
 
-OPS = ("weighted_moments", "class_stats", "binary_stats", "score_histogram", "running_extrema")
+OPS = ("weighted_moments", "class_stats", "binary_stats", "score_histogram", "running_extrema", "expert_histogram")
 
 CPP_ERROR: str | None = None
 try:

@@ -41,6 +41,7 @@ __all__ = [
     "binary_stats",
     "score_histogram",
     "running_extrema",
+    "expert_histogram",
     "linear_logits",
     "linear_logits_combine",
     "LINEAR_ROWS",
@@ -437,6 +438,51 @@ def running_extrema(
     mx = torch.where(use, x, ninf).amax() if x.numel() else ninf
     mn = torch.where(use, -x, ninf).amax() if x.numel() else ninf
     state.copy_(torch.maximum(state, torch.stack([mx, mn])))
+
+
+def expert_histogram(
+    indices: torch.Tensor,
+    layers: list[int],
+    probs: torch.Tensor | None,
+    load: torch.Tensor,
+    gate: torch.Tensor | None,
+    bad: torch.Tensor,
+) -> None:
+    """Per-layer expert histogram of MoE routing decisions (and gate mass).
+
+    Args:
+        indices: ``[L', N]`` int32 or int64: row ``i`` holds the expert of each
+            routed slot (``N = T * top_k``) of layer ``layers[i]``; ``-1`` is a
+            dropped slot (left out, not bad); any other value outside
+            ``[0, E)`` is counted in ``bad``.
+        layers: ``L'`` layer ids in ``[0, L)`` (host ints: the layers a pipeline
+            stage owns); repeats add twice.
+        probs: ``[L', T, E]`` floating gate probabilities, or ``None``.
+        load: float64 ``[L, E]``; ``load[layers[i], e] +=`` the slots of row
+            ``i`` routed to ``e``.
+        gate: float64 ``[L, E + 1]`` (needed with ``probs``):
+            ``gate[layers[i], e] += Σ_t probs[i, t, e]`` (float64 sums; NaN
+            propagates) and ``gate[layers[i], E] += T``.
+        bad: float64 ``[1]``; += slots with an expert index outside ``[0, E)``
+            other than ``-1``.
+    """
+    E = load.shape[1]
+    if indices.numel():
+        idx = indices.to(torch.int64)
+        ok = (idx >= 0) & (idx < E)
+        bad.add_(((idx != -1) & ~ok).sum(dtype=torch.float64).reshape(1))
+        rows = torch.arange(idx.shape[0], device=idx.device)[:, None].expand_as(idx)
+        flat = (rows * E + torch.where(ok, idx, 0)).reshape(-1)
+        counts = torch.zeros(idx.shape[0] * E, dtype=torch.float64, device=idx.device)
+        counts = counts.index_add_(0, flat, ok.reshape(-1).to(torch.float64)).reshape(idx.shape[0], E)
+        for i, l in enumerate(layers):
+            load[l].add_(counts[i])
+    if probs is not None:
+        sums = _f64(probs).sum(dim=1)  # [L', E]
+        T = probs.shape[1]
+        for i, l in enumerate(layers):
+            gate[l, :E].add_(sums[i])
+            gate[l, E].add_(T)
 
 
 # Columns of linear_logits' per-row result (float64 [N, LINEAR_ROWS]).

@@ -22,6 +22,7 @@ from d9d_kernels.ops._common import as_index as _as_index
 from d9d_kernels.ops._dispatch import BACKENDS, backends, pick, raw
 from d9d_kernels.ops.binary_stats import binary_stats
 from d9d_kernels.ops.class_stats import class_stats
+from d9d_kernels.ops.expert_histogram import expert_histogram
 from d9d_kernels.ops.linear_logits import linear_logits
 from d9d_kernels.ops.running_extrema import running_extrema
 from d9d_kernels.ops.score_histogram import score_histogram
@@ -44,5 +45,6 @@ def backend_for(op: str, device: torch.device, backend: str | None = None) -> st
 
 __all__ = [
     "backends", "backend_for", "raw", "as_index", "vocab_partials", "FLOATS", "OPS", "BACKENDS",
-    "weighted_moments", "class_stats", "binary_stats", "score_histogram", "running_extrema", "linear_logits",
+    "weighted_moments", "class_stats", "binary_stats", "score_histogram", "running_extrema", "expert_histogram",
+    "linear_logits",
 ]

@@ -83,7 +83,7 @@ def _triton(op: str) -> Callable:
     # refuses importlib.import_module); they also bind the package attributes.
     import d9d_kernels.triton as package
     from d9d_kernels.triton import binary_stats, class_stats, running_extrema, score_histogram  # noqa: F401
-    from d9d_kernels.triton import weighted_moments  # noqa: F401
+    from d9d_kernels.triton import expert_histogram, weighted_moments  # noqa: F401
 
     return getattr(getattr(package, op), op)
 

@@ -67,6 +67,14 @@ def _rows(g):
     return torch.randn(8, 4, generator=g), torch.randn(8, 4, generator=g)
 
 
+def _routing(g):
+    """MoE routing of 2 layers: top-2 of 5 experts for 6 tokens, one dropped slot, the gate softmax."""
+    probs = torch.softmax(torch.randn(2, 6, 5, generator=g), -1)
+    idx = probs.topk(2, -1).indices
+    idx[0, 0, 1] = -1
+    return idx, None, probs
+
+
 def _calib(g):
     return torch.rand(8, generator=g), torch.randint(0, 2, (8,), generator=g)
 
@@ -132,6 +140,7 @@ def _cases() -> dict:
         "MaxMetric": (lambda: dk.MaxMetric(), _values),
         "MinMetric": (lambda: dk.MinMetric(), _values),
         "custom-add_state": (RootMeanSquare, _values),
+        "ExpertLoad": (lambda: dk.ExpertLoad(num_experts=5, num_layers=2, top_k=2, with_probs=True), _routing),
     })
     for name in ["MeanSquaredError", "MeanAbsoluteError", "R2Score", "PearsonCorrCoef", "ExplainedVariance",
                  "MeanAbsolutePercentageError", "SymmetricMeanAbsolutePercentageError"]:

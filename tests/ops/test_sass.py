@@ -51,7 +51,7 @@ ONE_PASS = ("scores_warp_kernel", "scores_block_kernel")
 # the same, a thread per row (<= 32 classes, class-strided rows): scalar loads by design
 THREAD_ROWS = ("scores_thread_kernel",)
 OURS = ONE_D + ENTRIES + ONE_PASS + THREAD_ROWS + ("any_logit_kernel", "any_logit_rows_kernel", "rows_kernel", "set_pivot_kernel",
-                                     "scores_kernel", "indices_kernel")
+                                     "scores_kernel", "indices_kernel", "expert_load_kernel", "expert_gate_kernel")
 # log2(e) as a float64 (high word): every float64 exp loads it.
 F64_LOG2E = "0x3ff71547"
 
@@ -246,6 +246,13 @@ def _triton_checks() -> None:
     for nb in (0, 2048):  # an atomic per entry; per-program histograms
         atomics[f"hist_nb{nb}"] = _ptx(score_histogram._binary_hist_kernel,
                                        dict(KIND=2, HAS_M=True, HAS_IGNORE=True, BLOCK_N=bn, BLOCK_L=bl, NB=nb), ps)
+    from d9d_kernels.triton import expert_histogram as eh
+
+    for nb in (0, 128):  # an atomic per slot; per-program histograms
+        atomics[f"expert_load_nb{nb}"] = _ptx(eh._load_kernel, dict(NB=nb, BLOCK=B),
+                                              {"idx_ptr": "*i64", "lay_ptr": "*i64"})
+    atomics["expert_gate"] = _ptx(eh._gate_kernel, dict(BLOCK_T=16, BLOCK_E=128),
+                                  {"p_ptr": "*fp32", "lay_ptr": "*i64"})
     atomics["first_good"] = _ptx(wm._first_good_kernel, dict(HAS_Y=False, HAS_W=0, HAS_M=False, BLOCK=B),
                                  {"x_ptr": "*fp32", "y_ptr": "*fp32", "w_ptr": "*fp32", "m_ptr": "*u8",
                                   "first_ptr": "*i64"})
@@ -293,6 +300,10 @@ def _calls(dev):
     t1 = torch.randint(0, 2, (200_000,), generator=g).to(dev)
     sc = torch.randn(64, 1000, generator=g).to(dev)
     tc = torch.randint(0, 1000, (64,), generator=g).to(dev)
+    ek = torch.rand(48, 8192, 128, generator=g).topk(8, -1).indices.reshape(48, -1).to(dev)  # routing of 48 layers
+    ek[3, ::7] = -1  # dropped slots
+    ek[4, 100] = 128  # an index out of range
+    eg = torch.softmax(torch.randn(2, 32, 128, generator=g), -1).to(dev)
     two = torch.tensor(2.0, device=dev)  # made here: a host-to-device copy is a sync the op is not asked to avoid
     return [
         ("weighted_moments", lambda s, b: dk.ops.weighted_moments(xs, xs * 2, w, m, state=s, bad=b, skip_bad=True),
@@ -306,6 +317,13 @@ def _calls(dev):
         ("binary_stats_L1", lambda s, b: dk.ops.binary_stats(p1, t1, state=s, bad=b), lambda: (_f64(1, 4), _f64(2))),
         ("score_histogram", lambda s, b: dk.ops.score_histogram(p1, t1, hist=s, bad=b),
          lambda: (_f64(2, 1, 10_000), _f64(2))),
+        ("expert_histogram", lambda s, b: dk.ops.expert_histogram(ek, None, load=s, bad=b),
+         lambda: (_f64(48, 128), _f64(1))),
+        ("expert_histogram_layers_int32", lambda s, b: dk.ops.expert_histogram(ek[5:9].int(), [9, 2, 40, 3], load=s, bad=b),
+         lambda: (_f64(48, 128), _f64(1))),
+        ("expert_histogram_gate", lambda s, b: dk.ops.expert_histogram(ek[:2, :256], [0, 1], eg, load=s[0], gate=s[1],
+                                                                       bad=b),
+         lambda: ((_f64(2, 128), _f64(2, 129)), _f64(1))),
         ("score_histogram_multiclass",
          lambda s, b: dk.ops.score_histogram(sc, tc, hist=s, bad=b, multiclass=True),
          lambda: (_f64(2, 1000, 100), _f64(2))),

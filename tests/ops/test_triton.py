@@ -384,6 +384,7 @@ MUTATED = {
     "binary_stats": {"state", "bad"},
     "score_histogram": {"hist", "bad"},
     "running_extrema": {"state", "bad"},
+    "expert_histogram": {"load", "gate", "bad"},
 }
 
 
@@ -406,6 +407,7 @@ def _opcheck_args(op):
         "class_stats": (s, t, None, 6, None, [1, 2], True, f64(2, 3, 6), f64(6, 6), f64(2), f64(2)),
         "binary_stats": (p2, t2, None, 0.5, None, reference.INPUT_AUTO, f64(3, 4), f64(2)),
         "score_histogram": (p2, t2, None, None, reference.INPUT_AUTO, False, f64(2, 3, 8), f64(2)),
+        "expert_histogram": (t.reshape(2, 10), [1, 0], s.softmax(-1).reshape(2, 10, 6), f64(2, 6), f64(2, 7), f64(1)),
     }[op]
 
 
@@ -422,12 +424,15 @@ def test_opcheck(op):
 
 def _all_ops(x, p2, t2, s, t, state):
     """One call of every op through dk.ops with backend="triton"."""
-    w, ex, cs, bs, h, b1, b2 = state
+    w, ex, cs, bs, h, b1, b2, eh = state
     dk.ops.weighted_moments(x, x * 2, state=w, bad=b1, pivot=ex[:2], backend="triton")
     dk.ops.running_extrema(x, state=ex[2:], bad=b1, backend="triton")
     dk.ops.class_stats(s, t, num_classes=s.shape[1], stats=cs[0], extras=cs[1], bad=b2, top_ks=(1, 2), nll=True, backend="triton")
     dk.ops.binary_stats(p2, t2, state=bs, bad=b2, backend="triton")
     dk.ops.score_histogram(p2, t2, hist=h, bad=b2, backend="triton")
+    # routing of 2 layers (t holds 0..5: 5 is out of range for E = 5); gate values exact under compile (abs)
+    dk.ops.expert_histogram(t.reshape(2, 10), [1, 0], s[:, :5].abs().reshape(2, 10, 5), load=eh[0], gate=eh[1],
+                            bad=eh[2], backend="triton")
 
 
 def _all_ops_args():
@@ -437,7 +442,7 @@ def _all_ops_args():
     s, t = torch.randn(20, 6, generator=g), torch.randint(0, 6, (20,), generator=g)
     ex = torch.cat([f64(2, fill=NAN), f64(2, fill=-INF)])
     # bad: [1] for the one-cause ops, [2] (target, pred) for the others
-    state = (f64(9), ex, (f64(2, 3, 6), f64(2)), f64(3, 4), f64(2, 3, 8), f64(1), f64(2))
+    state = (f64(9), ex, (f64(2, 3, 6), f64(2)), f64(3, 4), f64(2, 3, 8), f64(1), f64(2), (f64(2, 5), f64(2, 6), f64(1)))
     return (x, p2, t2, s, t, state)
 
 
@@ -489,13 +494,14 @@ def test_env_backend_routes_cpu_tensors_to_triton(monkeypatch):
 
         monkeypatch.setattr(reference, op, boom)
     args = _all_ops_args()
-    w, ex, cs, bs, h, b1, b2 = args[5]
+    w, ex, cs, bs, h, b1, b2, eh = args[5]
     x, p2, t2, s, t = args[:5]
     dk.ops.weighted_moments(x, state=w, bad=b1)
     dk.ops.running_extrema(x, state=ex[2:], bad=b1)
     dk.ops.class_stats(s, t, num_classes=6, stats=cs[0], extras=cs[1], bad=b2, top_ks=(1, 2))
     dk.ops.binary_stats(p2, t2, state=bs, bad=b2)
     dk.ops.score_histogram(p2, t2, hist=h, bad=b2)
+    dk.ops.expert_histogram(t.reshape(2, 10), load=eh[0], bad=eh[2])
     assert sorted(calls) == sorted(OPS)
     monkeypatch.undo()
     # and the results are the reference's
@@ -543,6 +549,11 @@ def _compile_all_for_cuda() -> None:
     cc(wm._set_pivot_kernel, dict(HAS_Y=True), xs)
     cc(running_extrema._partial_kernel, dict(SKIP_BAD=True, HAS_M=True, BLOCK=B), {"x_ptr": "*fp16", "m_ptr": "*u8"})
     cc(running_extrema._combine_kernel, dict(BLOCK_P=_common.pow2(_common.MAX_PROGRAMS)), {})
+    from d9d_kernels.triton import expert_histogram as eh
+
+    for nb, ity in ((0, "*i32"), (128, "*i64")):
+        cc(eh._load_kernel, dict(NB=nb, BLOCK=B), {"idx_ptr": ity, "lay_ptr": "*i64"})
+    cc(eh._gate_kernel, dict(BLOCK_T=16, BLOCK_E=128), {"p_ptr": "*bf16", "lay_ptr": "*i64"})
     ps = {"p_ptr": "*fp32", "t_ptr": "*i64", "m_ptr": "*u8", "flag_ptr": "*i32", "ks_ptr": "*i64", "thr_bits": "i64"}
     for L in (1, 100):
         bn, bl = binary_stats.tile_2d(L)
@@ -604,8 +615,8 @@ def _trace_triton_op() -> None:
         )(*_all_ops_args())
     launches = [n for n in graphs[0].graph.nodes if "triton_kernel_wrapper" in str(n.target)]
     # weighted_moments 3 (first good, sums, set pivot), running_extrema 2, class_stats 1,
-    # binary_stats 2 and score_histogram 2 (INPUT_AUTO prepass + counts)
-    assert len(launches) == 10, graphs[0].code
+    # binary_stats 2, score_histogram 2 (INPUT_AUTO prepass + counts) and expert_histogram 2 (load + gate)
+    assert len(launches) == 12, graphs[0].code
 
 
 def test_triton_op_traced_by_torch_compile():
