@@ -146,12 +146,16 @@ class HostValues:
             self._event.synchronize()
         flat = self._host.tolist()
         pos = 0
-        out = {}
-        for name, shape in zip(self._names, self._shapes):
+        out: dict = {}
+        for (name, key), shape in zip(self._names, self._shapes):
             n = numel(shape)
             vals = flat[pos : pos + n]
             pos += n
-            out[name] = vals[0] if len(shape) == 0 else torch.tensor(vals, dtype=torch.float64).reshape(shape).tolist()
+            v = vals[0] if len(shape) == 0 else torch.tensor(vals, dtype=torch.float64).reshape(shape).tolist()
+            if key is None:
+                out[name] = v
+            else:  # a metric whose value is a dict of tensors
+                out.setdefault(name, {})[key] = v
         for metric, causes in self._checks:
             count = flat[pos]
             metric._raise_if_bad(count, dict(zip(causes, flat[pos + 1 : pos + 1 + len(causes)])))
@@ -689,6 +693,8 @@ class Metric(_Base, metaclass=_MetricMeta):
         float(s). Bad-input errors are raised by ``.result()``.
         """
         items, checks = self._host_items()
+        items = [((name, key), t) for name, v in items
+                 for key, t in (v.items() if isinstance(v, dict) else [(None, v)])]
         flat = [v.detach().to(torch.float64).reshape(-1) for _, v in items]
         for _, c, causes in checks:
             flat.append(c.reshape(1))

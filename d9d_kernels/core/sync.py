@@ -28,6 +28,7 @@ import json
 
 import torch
 
+from math import prod as numel
 from typing import TYPE_CHECKING
 
 from d9d_kernels.core.statistic import KINDS, MAX, REPLICA, SUM
@@ -60,6 +61,7 @@ class SyncState:
         self.pending: Pending | None = None
         self.handshakes: set = set() if handshakes is None else handshakes
         self.references: dict[tuple, torch.Tensor] = {} if references is None else references
+        self.batches: list | None = None  # sync.batches: the pivoted statistics' index tensors
 
     def copied(self, device: torch.device) -> "SyncState":
         """What outlives a move or a clone: the handshakes and references (on ``device``)."""
@@ -121,21 +123,55 @@ def trigger(st: Storage, ctx) -> None:
 
 
 
+class Batch:
+    """The pivoted statistics of one schema, read and written together: per
+    slot, one index into its buffer, so ``adopt_replica``, ``center`` and
+    ``off_center`` (which take leading dims) run once for all of them."""
+
+    def __init__(self, layout, js: list[int], device: torch.device):
+        self.stat = layout.stats[js[0]]
+        self.slots = []
+        for k, (s, _) in enumerate(layout.placed[js[0]]):
+            offs = [layout.placed[j][k][1] for j in js]
+            idx = torch.cat([torch.arange(o, o + numel(s.shape), device=device) for o in offs])
+            self.slots.append((s.name, s.kind, (len(js), *s.shape), idx))
+
+    def gather(self, bufs: dict, kinds=(SUM, REPLICA)) -> dict[str, torch.Tensor]:
+        """The batch's slots of ``bufs`` (copies), stacked: ``[statistics, *slot shape]``."""
+        return {n: bufs[k][idx].view(shape) for n, k, shape, idx in self.slots if k in kinds}
+
+    def scatter(self, bufs: dict, state: dict[str, torch.Tensor], kinds=(SUM, REPLICA)) -> None:
+        for n, k, _, idx in self.slots:
+            if k in kinds and n in state:
+                bufs[k].index_copy_(0, idx, state[n].reshape(-1))
+
+
+def batches(st: Storage) -> list[Batch]:
+    """``st``'s pivoted statistics in batches of one schema (made once per storage and device)."""
+    if st.sync.batches is None:
+        by_schema: dict[str, list[int]] = {}
+        for j in st.layout.pivoted:
+            by_schema.setdefault(st.layout.stats[j].schema(), []).append(j)
+        st.sync.batches = [Batch(st.layout, js, st.device) for js in by_schema.values()]
+    return st.sync.batches
+
+
 def _to_reference(st: Storage, ctx, sums: torch.Tensor, rep: torch.Tensor):
     """Re-expresses the pivoted statistics' sums in ``sums`` (the SUM buffer
     about to be summed) about ``ctx``'s reference, which ``rep`` (the
     snapshot's REPLICA buffer) then holds; returns their local SUM and
-    REPLICA values for a corrective round (None without pivoted statistics)."""
-    layout = st.layout
-    if not layout.pivoted:
+    REPLICA values per batch, for a corrective round (None without pivoted statistics)."""
+    if not st.layout.pivoted:
         return None
-    ref = reference(st, ctx)
+    ref = {REPLICA: reference(st, ctx)}
     rep.copy_(st.local[REPLICA])
-    local = {}
     bufs = {SUM: sums, REPLICA: rep}
-    for j in layout.pivoted:
-        local[j] = {k: v.clone() for k, v in layout.views(st.local, j, (SUM, REPLICA)).items()}
-        layout.stats[j].adopt_replica(layout.views(bufs, j, (SUM, REPLICA)), layout.views({REPLICA: ref}, j, (REPLICA,)))
+    local = []
+    for b in batches(st):
+        state = b.gather(bufs)
+        local.append({k: v.clone() for k, v in state.items()})
+        b.stat.adopt_replica(state, b.gather(ref, (REPLICA,)))
+        b.scatter(bufs, state)
     return local
 
 
@@ -147,41 +183,35 @@ def reference(st: Storage, ctx) -> torch.Tensor:
     return ref
 
 
-def _settle(st: Storage, p: Pending, snapshot: dict, views: list) -> None:
+def _settle(st: Storage, p: Pending, snapshot: dict) -> None:
     """After the sum: the corrective round when any pivoted statistic's
     synced sums are off-centre (every rank reads the same synced values, so
     every rank decides alike), then the reference moves to the synced centre."""
-    layout = st.layout
-    piv = layout.pivoted
-    stats = [layout.stats[j] for j in piv]
-    off = torch.stack([s.off_center(views[j]).reshape(()) for s, j in zip(stats, piv)]).any()
-    centre = {REPLICA: torch.full_like(snapshot[REPLICA], float("nan"))}
-    for s, j in zip(stats, piv):
-        for k, v in s.center(views[j]).items():
-            layout.views(centre, j, (REPLICA,))[k].copy_(v)
     ref = reference(st, p.ctx)
+    centre = {REPLICA: ref.clone()}
+    offs = []
+    for b in batches(st):
+        state = b.gather(snapshot)
+        offs.append(b.stat.off_center(state).reshape(()))
+        old = b.gather(centre, (REPLICA,))
+        c = {k: torch.where(torch.isnan(v), old[k], v) for k, v in b.stat.center(state).items()}
+        b.scatter(centre, c, (REPLICA,))  # no data this interval: the reference stays
     centre = centre[REPLICA]
-    torch.where(torch.isnan(centre), ref, centre, out=centre)  # no data this interval: the reference stays
-    if bool(off):  # host read of a value every rank holds: the same decision on every rank
+    if bool(torch.stack(offs).any()):  # host read of values every rank holds: the same decision on every rank
         parts = []
-        for s, j in zip(stats, piv):
-            s.adopt_replica(p.local[j], layout.views({REPLICA: centre}, j, (REPLICA,)))
-            parts += [v.reshape(-1) for k, v in p.local[j].items() if k in _sum_slots(layout, j)]
+        for b, local in zip(batches(st), p.local):
+            b.stat.adopt_replica(local, b.gather({REPLICA: centre}, (REPLICA,)))
+            parts += [local[n].reshape(-1) for n, k, _, _ in b.slots if k == SUM]
         buf = torch.cat(parts)
         p.ctx.all_reduce(buf, "sum").wait()
         pos = 0
-        for j in piv:
-            for k, v in views[j].items():
-                if k in _sum_slots(layout, j):
-                    v.copy_(buf[pos : pos + v.numel()].view(v.shape))
-                    pos += v.numel()
-                else:
-                    v.copy_(layout.views({REPLICA: centre}, j, (REPLICA,))[k])
+        for b, local in zip(batches(st), p.local):
+            for n, k, shape, _ in b.slots:
+                if k == SUM:
+                    local[n] = buf[pos : pos + local[n].numel()].view(shape)
+                    pos += local[n].numel()
+            b.scatter(snapshot, local)
     ref.copy_(centre)
-
-
-def _sum_slots(layout, j: int) -> set[str]:
-    return {s.name for s, _ in layout.placed[j] if s.kind == SUM}
 
 
 def _world_rank(st: Storage, ctx) -> tuple[int, int]:
@@ -228,7 +258,7 @@ def wait(st: Storage) -> None:
         f[2].zero_()
         f[4] = True
     if p.local is not None:  # every rank takes part, whatever this rank did in between
-        _settle(st, p, snapshot, views)
+        _settle(st, p, snapshot)
     if p.discard:  # reset() or a load between trigger and wait: the result is stale
         return
     for j in p.cleared:  # a member's reset between trigger and wait: its part is stale

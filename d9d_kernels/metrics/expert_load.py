@@ -340,17 +340,3 @@ class ExpertLoad(Metric):
         out["violation_max"] = torch.where(active.any(), torch.where(active, v, -math.inf).amax(),
                                            torch.full_like(v[0], float("nan")))
         return out if bad is None or checked else poisoned(out, bad)
-
-    def compute_to_host(self):
-        """``compute()`` copied to the host in one non-blocking copy;
-        ``.result()`` gives ``{name: float}`` and raises for bad inputs."""
-        from d9d_kernels.core.metric import HostValues, copy_to_host
-
-        self._warn_unsynced()
-        states = self._states()
-        values = self._compute_unchecked(states)
-        bad = self._bad_count(states)
-        causes = self._bad_causes(states)
-        flat = [v.reshape(1) for v in values.values()] + [bad.reshape(1)] + [t.reshape(1) for t in causes.values()]
-        host, event = copy_to_host(torch.cat(flat))
-        return HostValues(host, list(values), [()] * len(values), [(self, list(causes))], event, single=False)

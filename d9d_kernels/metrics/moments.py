@@ -246,9 +246,9 @@ class MomentsStatistic(Shareable):
         off = torch.zeros_like(w, dtype=torch.bool)
         for k, i in ((0, 1), (1, 3)):
             d = m[..., i] / w
-            var = m[..., i + 1] / w - d * d
+            var = (m[..., i + 1] / w - d * d).clamp(min=0)  # cancellation can leave it below 0: all lost
             p = pivot[..., k]
-            lost = (d.abs() + p.abs()) / ((p + d).abs() + var.clamp(min=0).sqrt())
+            lost = (d.abs() + p.abs()) / ((p + d).abs() + var.sqrt())
             if self.paired:
                 lost = torch.maximum(lost, d * d / (var + (p * 2.0**-40) ** 2))
             off |= (w > 0) & (lost > OFF_CENTER)

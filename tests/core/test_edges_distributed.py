@@ -26,9 +26,11 @@ def _after_far_interval_worker(rank, world, far):
     gen = torch.Generator().manual_seed(100 + rank)
     calls = spy_collectives([])
     m = dk.PearsonCorrCoef()
-    m.update(_randn(gen, 40, far), _randn(gen, 40, far))
-    m.sync(None)
-    out = []
+    x0 = _randn(gen, 40, far)
+    y0 = x0 + _randn(gen, 40)
+    m.update(x0, y0)
+    # the first sync, data far from 0: the sums about 0 cancel to a negative variance, still corrected
+    out = [(m.sync_and_compute(None).item(), None, x0.tolist(), y0.tolist())]
     for shift in (0.0, 0.0, 5.0, far):
         m.reset()
         x = _randn(gen, 30 + 7 * rank, shift)
@@ -40,10 +42,10 @@ def _after_far_interval_worker(rank, world, far):
     return out
 
 
-@pytest.mark.parametrize("far", [1e6, 1e7])
+@pytest.mark.parametrize("far", [1e6, 1e7, 3e9])
 def test_value_after_a_far_interval_is_the_all_data_value(far):
     per_rank = run_distributed(_after_far_interval_worker, 2, far)
-    for i in range(4):
+    for i in range(5):
         x = np.concatenate([np.array(r[i][2]) for r in per_rank])
         y = np.concatenate([np.array(r[i][3]) for r in per_rank])
         want = np.corrcoef(x, y)[0, 1]
@@ -51,8 +53,8 @@ def test_value_after_a_far_interval_is_the_all_data_value(far):
         assert len(counts) == 1, counts  # every rank issued the same collectives
         for rank, r in enumerate(per_rank):
             assert r[i][0] == pytest.approx(want, rel=1e-12, abs=0), (i, rank, r[i][0], want)
-    # interval 0 jumps from `far` to 0 (one corrective round); interval 1 is steady: one collective
-    assert per_rank[0][0][1] == 2 and per_rank[0][1][1] == 1, [r[1] for r in per_rank[0]]
+    # interval 1 jumps from `far` to 0 (one corrective round); interval 2 is steady: one collective
+    assert per_rank[0][1][1] == 2 and per_rank[0][2][1] == 1, [r[1] for r in per_rank[0]]
 
 
 # -- 3b. a member's reset after a sync keeps the other members' synced values ------------------------------------------

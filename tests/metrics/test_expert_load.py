@@ -297,3 +297,14 @@ def test_gpu_no_host_sync_graph_capture_and_values(backend, monkeypatch):
     m._storage.dirty = True  # replays run no Python (docs/metrics_core.md)
     torch.cuda.synchronize()
     assert torch.equal(m.per_layer()["load"].cpu(), torch.from_numpy(np_load(batches, L, E)))
+
+
+def test_group_compute_to_host_takes_the_dict_value():
+    g = dk.MetricGroup({"router": dk.ExpertLoad(4, num_layers=2, top_k=1), "loss": dk.WeightedMeanMetric()})
+    g["router"].update(torch.tensor([[[0], [0], [1], [3]], [[2], [2], [2], [2]]]))
+    g["loss"].update(torch.tensor([1.0, 3.0]))
+    got = g.compute_to_host().result()
+    want = {k: float(v) for k, v in g.compute()["router"].items()}
+    assert got["loss"] == 2.0 and got["router"] == want
+    # layer 0 loads [2, 1, 0, 1]: max / mean - 1 = 1; layer 1 [0, 0, 4, 0]: 3; one dead expert, three dead
+    assert got["router"]["max_violation"] == 3.0 and got["router"]["dead_experts"] == 4.0
