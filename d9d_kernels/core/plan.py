@@ -19,9 +19,9 @@ import functools
 import math
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from d9d_kernels import _extension
+from d9d_kernels._compiling import DispatchMode
 
 __all__ = ["planned", "input_key", "Plan", "GroupPlan", "note", "RECORDED", "MAX_PLANS"]
 
@@ -50,7 +50,7 @@ def input_key(owner: int, args: tuple, kwargs: dict) -> tuple | None:
     return tuple(key)
 
 
-class _Recorder(TorchDispatchMode):
+class _Recorder(DispatchMode):
     """Every op dispatched inside it: ``(op, args, kwargs, result)``."""
 
     def __init__(self):

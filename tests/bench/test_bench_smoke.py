@@ -238,3 +238,17 @@ def test_catalogue_bench_covers_every_class_and_reports(tmp_path):
     assert all(float(r["update_us"]) > 0 and float(r["all_ops_us"]) > 0 for r in rows)
     text, _ = report.build(tmp_path, tmp_path / "performance.md", plots=False)
     assert "## Catalogue updates against their op calls" in text and "| catalogue |" in text
+
+
+def test_first_update_bench_tiny(tmp_path):
+    """bench_first_update.py --tiny: rows of every case and series, quantiles ordered (no timing asserted)."""
+    out = tmp_path / "bench_first_update.csv"
+    proc = subprocess.run([sys.executable, str(BENCH / "bench_first_update.py"), "--tiny", "--out", str(out)],
+                          cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = _rows(out)
+    assert {(r["op"], r["provider"]) for r in rows} == {
+        (case, p) for case in ("WeightedMeanMetric", "MetricGroup[Accuracy]")
+        for p in ("first", "warm", "first_minus_warm")}
+    for r in rows:
+        assert float(r["p20_us"]) <= float(r["p50_us"]) <= float(r["p80_us"]), r

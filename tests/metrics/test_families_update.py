@@ -82,17 +82,6 @@ def test_reset_state_dict_and_group_equal_standalone(name, make, inputs):
     torch.testing.assert_close(a.compute(), value, equal_nan=True)
 
 
-def test_docstring_examples_run():
-    """The Example: blocks of the new modules (their numbers are torchmetrics' on the same inputs)."""
-    import doctest
-    import importlib
-
-    for name in ("calibration", "segmentation", "similarity", "percentage_error", "running"):
-        module = importlib.import_module(f"d9d_kernels.metrics.{name}")
-        result = doctest.testmod(module, raise_on_error=False)
-        assert result.attempted > 0 and result.failed == 0, (name, result)
-
-
 def test_last_inputs_memo_hits_misses_and_never_keeps_a_batch_alive():
     import gc
     import weakref
