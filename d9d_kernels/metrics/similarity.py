@@ -47,7 +47,7 @@ class CosineSimilarity(ValueMean):
     def update(self, preds: torch.Tensor, target: torch.Tensor, mask: torch.Tensor | None = None) -> None:
         """Adds rows ``[N, D]``; ``mask`` (bool ``[N]``) drops rows."""
         _check_rows("CosineSimilarity", "preds", "target", preds, target)
-        self._check_optional(preds.shape[:1], None, mask)
+        A.check_mask(type(self).__name__, mask, preds.shape[:1])
         p, t = preds.to(torch.float64), target.to(torch.float64)
         cos = (p * t).sum(-1) / (p.norm(dim=-1) * t.norm(dim=-1))
         self._add(cos, None, mask)
@@ -80,7 +80,7 @@ class KLDivergence(ValueMean):
     def update(self, p: torch.Tensor, q: torch.Tensor, mask: torch.Tensor | None = None) -> None:
         """Adds rows ``[N, D]``; ``mask`` (bool ``[N]``) drops rows."""
         _check_rows("KLDivergence", "p", "q", p, q)
-        self._check_optional(p.shape[:1], None, mask)
+        A.check_mask(type(self).__name__, mask, p.shape[:1])
         p, q = p.to(torch.float64), q.to(torch.float64)
         if self.log_prob:
             kl = (p.exp() * (p - q)).sum(-1)
