@@ -99,6 +99,7 @@ def cases() -> dict:
         out[name] = ({"window": 5} if name.startswith("Running") else {}, (x,))
     out["Running"] = (dict(base_metric=dk.SumMetric(), window=5), (x,))
     out["ExponentialMovingAverage"] = (dict(decay=0.9), (x,))
+    out["ExpertLoad"] = (dict(num_experts=C, num_layers=2, top_k=2), (torch.randint(-1, C, (2, B, 2), generator=g),))
     out[None] = [(mc, cls), ({}, (x, y)), (bi, (prob, binary)), ({}, (x,))]  # tried in turn for any other class
     return out
 

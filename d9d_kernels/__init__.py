@@ -58,6 +58,8 @@ if TYPE_CHECKING:  # what __getattr__ resolves, spelled out for type checkers
     from d9d_kernels.core.metric import Metric
     from d9d_kernels.metrics.aggregation import MaxMetric, MeanMetric, MinMetric, SumMetric, WeightedMeanMetric
     from d9d_kernels.metrics.classification import Accuracy, ConfusionMatrix, F1Score, Precision, Recall
+    from d9d_kernels.metrics.expert_load import ExpertLoad
+    from d9d_kernels.metrics.text import Perplexity
 
 
 def __getattr__(name: str):

@@ -37,6 +37,7 @@ import argparse
 import logging
 import sys
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -82,9 +83,11 @@ class MoETask(TrainTask):
 
     def _read_routers(self, ctx: EventStepContext) -> None:
         # every rank: this stage's MoE layers, by global layer id, in one update; counters zeroed
+        router = self._router
+        assert router is not None, "create_metrics runs before the first step"
         for stage in self._stages:
             if moe_layers(stage):
-                self._router.update_from_model(stage)
+                router.update_from_model(stage)
 
     def build_forward_inputs(self, ctx: BuildForwardInputsContext) -> BuildForwardInputsResult:
         return BuildForwardInputsResult(input={"input_ids": ctx.batch["input_ids"]}, shared={},
@@ -102,11 +105,12 @@ class MoETask(TrainTask):
             "loss": dk.WeightedMeanMetric(),
             "router": dk.ExpertLoad(self.num_experts, num_layers=self.num_layers, top_k=self.top_k),
         })
-        self._router = g["router"]
+        self._router = cast(dk.ExpertLoad, g["router"])
         return CreateMetricsResult(metrics={"train": g})
 
     def update_metrics(self, ctx: UpdateMetricsContext) -> None:
-        ctx.metrics["train"]["loss"].update(values=ctx.state["loss"], weights=ctx.state["tokens"])
+        g = cast(dk.MetricGroup, ctx.metrics["train"])  # d9d types the children as its Metric
+        g["loss"].update(values=ctx.state["loss"], weights=ctx.state["tokens"])
 
 
 def moe_forward(moe: MoELayer, h: torch.Tensor) -> torch.Tensor:
@@ -194,7 +198,8 @@ def run(steps: int = 6, microbatches: int = 2, log_every: int = 3, layers: int =
     # what the routers chose, for the caller's checks (the metric never sees these)
     seen: dict[int, list] = {i: [] for i in range(layers)}
     for i, blk in model.layers.items():
-        blk.mlp.router.register_forward_hook(
+        router = cast(torch.nn.Module, cast(torch.nn.Module, blk).mlp).router
+        cast(torch.nn.Module, router).register_forward_hook(
             lambda mod, args, out, i=int(i): seen[i].append(out.selected_expert_indices.detach().clone()))
     out = Run([], [])
     for step in range(1, steps + 1):
@@ -204,18 +209,20 @@ def run(steps: int = 6, microbatches: int = 2, log_every: int = 3, layers: int =
             inputs = task.build_forward_inputs(BuildForwardInputsContext(batch={"input_ids": ids[:, :-1],
                                                                                 "labels": ids[:, 1:]}))
             result = task.compute_loss(ComputeLossContext(pipeline_results=model(**inputs.input), state=inputs.state,
-                                                          schedule=None))
+                                                          schedule=None))  # type: ignore[arg-type]  # no pipeline here
+            assert result.loss_weight is not None
             (result.loss * result.loss_weight).backward()
             task.update_metrics(UpdateMetricsContext(state=inputs.state, metrics=metrics.children))
-        bus.trigger(EVENT_TRAIN_FORWARD_BACKWARD_POST, EventStepContext(schedule=None))
+        bus.trigger(EVENT_TRAIN_FORWARD_BACKWARD_POST, EventStepContext(schedule=None))  # type: ignore[arg-type]
         for p in model.parameters():
-            p.grad /= microbatches * batch * seq
+            if p.grad is not None:
+                p.grad /= microbatches * batch * seq
         opt.step()
         if step % log_every == 0 or step == steps:
             # AsyncMetricCollector.schedule_collection + collect_results, on the current stream
             if dist_context.mesh_params.is_distributed:
                 metrics.sync(dist_context)
-            out.logged.append((step, pytree.tree_map(lambda x: x.clone(), metrics.compute())))
+            out.logged.append((step, pytree.tree_map(lambda x: cast(torch.Tensor, x).clone(), metrics.compute())))
             metrics.reset()
             out.routing.append([seen[i][:] for i in range(layers)])
             for v in seen.values():

@@ -46,7 +46,7 @@ def test_mypy_accepts_examples_and_a_group_in_create_metrics(tmp_path):
     task.write_text(TASK)
     proc = _mypy("examples", str(task), cache=tmp_path / "cache")  # the config: pyproject.toml [tool.mypy]
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "Success: no issues found in 3 source files" in proc.stdout, proc.stdout
+    assert "Success: no issues found" in proc.stdout, proc.stdout
 
 
 def test_mypy_rejects_a_value_that_is_not_a_metric(tmp_path):
