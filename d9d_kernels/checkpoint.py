@@ -37,13 +37,19 @@ A checkpoint from a different group schema raises ``ValueError``.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Any
 
+import torch
+
 from d9d_kernels.core.metric import Metric
+from d9d_kernels.core.statistic import KINDS
+from d9d_kernels.core.storage import Layout, StateEntry
 from d9d_kernels.core.sync import record_duplicate
 from d9d_kernels.distributed import as_context
 
-__all__ = ["ranks_for", "metric_state_template", "for_resume", "saved_world_size", "ResumeState"]
+__all__ = ["ranks_for", "metric_state_template", "for_resume", "saved_world_size", "ResumeState", "checked_entries",
+           "check_entry"]
 
 
 def ranks_for(rank: int, world_size: int, saved_world_size: int) -> list[int]:
@@ -108,3 +114,53 @@ def saved_world_size(checkpoint_id, key: str) -> int:
     if not ranks:
         raise ValueError(f"no metric state saved under {key!r} in {checkpoint_id}")
     return max(ranks) + 1
+
+
+def checked_entries(metric: Metric, state_dict, op: str) -> list:
+    """The ``rank_<s>`` entries of ``state_dict`` in rank order, every key
+    and entry checked (``ValueError`` naming the metric and the key)."""
+    label = f"{metric._label}.{op}"
+    if not isinstance(state_dict, Mapping):
+        raise ValueError(f"{label}: expected a state_dict (a mapping with 'world_size', 'schema' and "
+                         f"'rank_<r>' entries), got {type(state_dict).__name__}")
+    st = metric._storage
+    ranks = {}
+    for k, v in state_dict.items():
+        if k == "world_size":
+            if isinstance(v, bool) or not isinstance(v, (int, torch.Tensor)) or int(v) < 1:
+                raise ValueError(f"{label}: state_dict['world_size'] must be a positive int, got {v!r}")
+        elif k == "schema":
+            if v != st.layout.fingerprint:
+                raise ValueError(
+                    f"{label}: checkpoint schema {v!r} does not match this metric's "
+                    f"{st.layout.fingerprint} (different members, order or configuration)"
+                )
+        elif isinstance(k, str) and k.startswith("rank_") and k[5:].isdigit():
+            check_entry(label, k, v, st.layout)
+            ranks[int(k[5:])] = v
+        else:
+            raise ValueError(f"{label}: unexpected state_dict key {k!r} (expected 'world_size', 'schema' "
+                             "and 'rank_<r>' with r a rank number)")
+    return [ranks[r] for r in sorted(ranks)]
+
+
+def check_entry(label: str, key: str, entry, layout: Layout) -> None:
+    """Raises ``ValueError`` naming ``label`` and ``key`` unless ``entry`` is a
+    state entry of ``layout``: a ``StateEntry`` (or mapping) holding exactly
+    the non-empty kinds as real 1-d tensors of the layout's sizes."""
+    want = {k: layout.sizes[k] for k in KINDS if layout.sizes[k]}
+    expected = "a StateEntry of " + ", ".join(f"{k!r}: float64[{n}]" for k, n in want.items())
+    if not isinstance(entry, StateEntry) and not isinstance(entry, Mapping):
+        raise ValueError(f"{label}: state_dict[{key!r}] must be {expected}, got {type(entry).__name__}")
+    keys = set(entry.keys())
+    if keys != set(want):
+        missing, extra = sorted(set(want) - keys), sorted(keys - set(want))
+        raise ValueError(f"{label}: state_dict[{key!r}] must be {expected}; "
+                         + "; ".join(x for x in (f"missing {missing}" if missing else "",
+                                                 f"unexpected {extra}" if extra else "") if x))
+    for k, n in want.items():
+        v = entry[k]
+        if not isinstance(v, torch.Tensor) or v.is_complex() or not (v.is_floating_point() or v.dtype == torch.int64) \
+                or tuple(v.shape) != (n,):
+            got = f"{v.dtype} {list(v.shape)}" if isinstance(v, torch.Tensor) else type(v).__name__
+            raise ValueError(f"{label}: state_dict[{key!r}][{k!r}] must be a float64 tensor of shape [{n}], got {got}")

@@ -917,6 +917,30 @@ def _flattened_group(mesh, dims: tuple[str, ...]):
     return g
 
 
+def member_detail(owners: list, layout) -> str:
+    """JSON ``[[label, {field: text}], ...]`` of a layout's ``owners``
+    (``(label, metric)``): the class, the public configuration attributes and
+    each statistic's schema. Sent by one rank per schema variant when ranks disagree."""
+    out = []
+    for i, (label, m) in enumerate(owners):
+        fields: dict[str, str] = {"class": type(m).__name__}
+        for k, v in sorted(vars(m).items()):
+            if not k.startswith("_") and _plain(v):
+                fields[k] = repr(v)
+        for name, j in sorted(layout.maps[i].items()):
+            stat = layout.stats[j]
+            slots = ", ".join(f"{s.name} {s.kind} {tuple(s.shape)}" for s, _ in layout.placed[j])
+            fields[f"state {name}"] = f"{stat.schema()} [{slots}]"
+        out.append([label, fields])
+    return json.dumps(out)
+
+
+def _plain(v) -> bool:
+    if isinstance(v, (tuple, list)):
+        return len(v) <= 16 and all(_plain(x) for x in v)
+    return v is None or isinstance(v, (bool, int, float, str))
+
+
 def explain_members(variants: list) -> str:
     """Per member, in words: "MetricGroup['acc']: num_classes 5 on ranks [0]
     vs 6 on ranks [1]" (configuration first; the state only when the

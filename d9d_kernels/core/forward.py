@@ -22,7 +22,8 @@ from typing import Callable
 import torch
 
 from d9d_kernels.core.statistic import KINDS, MAX, SUM
-from d9d_kernels.core.storage import align, format_bytes, numel
+from d9d_kernels.core.storage import align, numel
+from d9d_kernels.memory import format_bytes
 
 __all__ = ["Scratch", "run"]
 

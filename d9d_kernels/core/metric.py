@@ -30,7 +30,6 @@ import copy
 import inspect
 import math
 import warnings
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Callable
 
 import torch
@@ -40,7 +39,10 @@ from d9d_kernels.core.forward import run as run_forward
 from d9d_kernels.core.device import resolve_device
 from d9d_kernels.core.plan import planned
 from d9d_kernels.core.statistic import MAX, SUM, Slot, Statistic
-from d9d_kernels.core.storage import Layout, Storage, check_entry, numel
+from d9d_kernels.core.storage import Layout, Storage, numel
+from d9d_kernels.reporting import (BAD_CAUSES, HostValues, bad_causes_hint, copy_to_host, host_checks, poisoned,
+                                   raising_count)
+from d9d_kernels.torchmetrics_args import take_settings
 
 
 __all__ = ["Metric", "NAN_STRATEGIES", "HostValues", "host_checks", "poisoned"]
@@ -110,88 +112,7 @@ class _CustomStatistic(Statistic):
         self._metric._update(*args, **(kwargs or {}))
 
 
-# ---- Host read handle ------------------------------------------------------
-
-
-def copy_to_host(packed: torch.Tensor) -> tuple[torch.Tensor, "torch.cuda.Event | None"]:
-    """Starts ONE device->host copy of ``packed`` without blocking: a pinned
-    buffer and the event that marks the copy's end (CPU: the tensor, None)."""
-    if not packed.is_cuda:
-        return packed.to("cpu"), None
-    host = torch.empty(packed.shape, dtype=torch.float64, pin_memory=True)
-    host.copy_(packed, non_blocking=True)
-    event = torch.cuda.Event()
-    event.record()
-    return host, event
-
-
-class HostValues:
-    """Results packed into one tensor copied device->host without blocking.
-
-    ``result()`` waits for the copy and returns ``{name: float}`` (a nested
-    list for non-scalar results), or a single value for a standalone metric;
-    it raises the ``ValueError`` that ``compute()`` would have raised for
-    bad-input counts.
-    """
-
-    def __init__(self, host, names, shapes, checks, event, single):
-        self._host, self._names, self._shapes = host, names, shapes
-        self._checks, self._event, self._single = checks, event, single
-
-    def done(self) -> bool:
-        return self._event is None or self._event.query()
-
-    def result(self):
-        if self._event is not None:
-            self._event.synchronize()
-        flat = self._host.tolist()
-        pos = 0
-        out: dict = {}
-        for (name, key), shape in zip(self._names, self._shapes):
-            n = numel(shape)
-            vals = flat[pos : pos + n]
-            pos += n
-            v = vals[0] if len(shape) == 0 else torch.tensor(vals, dtype=torch.float64).reshape(shape).tolist()
-            if key is None:
-                out[name] = v
-            else:  # a metric whose value is a dict of tensors
-                out.setdefault(name, {})[key] = v
-        for metric, causes in self._checks:
-            count = flat[pos]
-            metric._raise_if_bad(count, dict(zip(causes, flat[pos + 1 : pos + 1 + len(causes)])))
-            pos += 1 + len(causes)
-        return out[None] if self._single else out
-
-
 # ---- Metric ----------------------------------------------------------------
-
-
-#: torchmetrics' ``Metric`` keyword arguments (its "advanced settings", taken by
-#: every torchmetrics class), by what they mean here: ``None`` when any value
-#: behaves as torchmetrics' (validation here is metadata only and free; no
-#: list states to move; compute is cheap), else the value that matches this
-#: library and what to use instead of the others.
-TORCHMETRICS_SETTINGS = {
-    "validate_args": None,
-    "compute_on_cpu": None,
-    "compute_with_cache": None,
-    "dist_sync_on_step": (False, "forward's value is this rank's batch; sync the accumulated state with "
-                          "trigger_sync(ctx) / wait_sync(ctx) or sync_and_compute(ctx)"),
-    "sync_on_compute": (False, "compute() returns the value of the last sync (or the local one); call "
-                        "sync_and_compute(ctx), or trigger_sync(ctx) / wait_sync(ctx) before compute()"),
-    "process_group": (None, "pass the group as the ctx of trigger_sync(ctx) / sync_and_compute(ctx)"),
-    "dist_sync_fn": (None, "the sync is one coalesced all_reduce; pass the ranks as a ctx to trigger_sync(ctx)"),
-    "distributed_available_fn": (None, "pass dk.DistributedContext.local() as the ctx to sync locally"),
-}
-
-
-def _torchmetrics_settings(cls, kwargs: dict) -> None:
-    """Takes torchmetrics' ``Metric`` keyword arguments out of ``kwargs``; a
-    value whose behaviour differs here raises ``ValueError`` naming what to use."""
-    for name in TORCHMETRICS_SETTINGS.keys() & kwargs.keys():
-        rule, value = TORCHMETRICS_SETTINGS[name], kwargs.pop(name)
-        if rule is not None and value is not rule[0] and value != rule[0]:
-            raise ValueError(f"{cls.__name__}: argument {name!r}={value!r} (torchmetrics) is not supported: {rule[1]}")
 
 
 class _MetricMeta(type):
@@ -199,7 +120,7 @@ class _MetricMeta(type):
     storage once the outermost ``__init__`` has run."""
 
     def __call__(cls, *args, **kwargs):
-        _torchmetrics_settings(cls, kwargs)
+        take_settings(cls, kwargs)
         obj = super().__call__(*args, **kwargs)
         if obj.__dict__.get("_storage") is None:
             obj._finalize()
@@ -642,7 +563,9 @@ class Metric(_Base, metaclass=_MetricMeta):
         st = self._storage
         if self._group is not None:
             raise ValueError(f"{self._label}.merge_state: a state_dict merges into the whole group; call it on the group")
-        entries = self._checked_entries(sd, "merge_state")
+        from d9d_kernels.checkpoint import checked_entries
+
+        entries = checked_entries(self, sd, "merge_state")
         st.load_entries([st.entry(), *entries])
         st.dirty = True
 
@@ -732,9 +655,11 @@ class Metric(_Base, metaclass=_MetricMeta):
         loading it directly would silently drop the other saved ranks.
         Anything malformed raises ``ValueError`` naming the key before the
         state changes."""
+        from d9d_kernels.checkpoint import checked_entries
+
         self._whole_storage("load_state_dict")
         st = self._storage
-        entries = self._checked_entries(state_dict, "load_state_dict")
+        entries = checked_entries(self, state_dict, "load_state_dict")
         saved_world = state_dict.get("world_size")
         world = sync.rank_world()[1]
         if saved_world is not None and int(saved_world) != world and not resharding:
@@ -747,33 +672,6 @@ class Metric(_Base, metaclass=_MetricMeta):
         st.load_entries([e for e, dup in zip(entries, dups) if not (resharding and dup)])
         st.duplicate = not resharding and bool(dups) and all(dups)
 
-    def _checked_entries(self, state_dict, op: str) -> list:
-        """The ``rank_<s>`` entries of ``state_dict`` in rank order, every key
-        and entry checked (``ValueError`` naming the metric and the key)."""
-        label = f"{self._label}.{op}"
-        if not isinstance(state_dict, Mapping):
-            raise ValueError(f"{label}: expected a state_dict (a mapping with 'world_size', 'schema' and "
-                             f"'rank_<r>' entries), got {type(state_dict).__name__}")
-        st = self._storage
-        ranks = {}
-        for k, v in state_dict.items():
-            if k == "world_size":
-                if isinstance(v, bool) or not isinstance(v, (int, torch.Tensor)) or int(v) < 1:
-                    raise ValueError(f"{label}: state_dict['world_size'] must be a positive int, got {v!r}")
-            elif k == "schema":
-                if v != st.layout.fingerprint:
-                    raise ValueError(
-                        f"{label}: checkpoint schema {v!r} does not match this metric's "
-                        f"{st.layout.fingerprint} (different members, order or configuration)"
-                    )
-            elif isinstance(k, str) and k.startswith("rank_") and k[5:].isdigit():
-                check_entry(label, k, v, st.layout)
-                ranks[int(k[5:])] = v
-            else:
-                raise ValueError(f"{label}: unexpected state_dict key {k!r} (expected 'world_size', 'schema' "
-                                 "and 'rank_<r>' with r a rank number)")
-        return [ranks[r] for r in sorted(ranks)]
-
     def __repr__(self) -> str:
         """The class with the constructor arguments that differ from their
         defaults (required ones always), e.g. ``Accuracy(task='multiclass',
@@ -783,26 +681,6 @@ class Metric(_Base, metaclass=_MetricMeta):
 
 class _GroupBase(Metric):
     """Marker base for MetricGroup (defined in d9d_kernels.core.group)."""
-
-
-def host_checks(device: torch.device) -> bool:
-    """Whether ``compute()`` reads the bad-input counts on the host and
-    raises. On CPU state yes: the read waits for nothing. On a GPU never:
-    ``compute()`` makes no host sync (d9d's collector runs sync and compute
-    on a side stream so the host never waits); there a metric whose raising
-    count is non-zero computes NaN (``poisoned``), and the error with its
-    count is raised where the host reads values through the library:
-    ``compute_to_host().result()``, or ``bad_input_counts()``."""
-    return device.type == "cpu"
-
-
-def poisoned(value, count: torch.Tensor):
-    """``value`` where ``count`` is zero, else NaN: on the device, no host read."""
-    if isinstance(value, dict):
-        return {k: poisoned(v, count) for k, v in value.items()}
-    if not isinstance(value, torch.Tensor) or not value.is_floating_point():
-        return value
-    return torch.where(count == 0, value, torch.full_like(value, float("nan")))
 
 
 def routed_error(e: Exception, member: Metric, how: str | None) -> Exception:
@@ -852,39 +730,6 @@ def _same(a, b) -> bool:
         return bool(a == b) and type(a) is type(b)
     except Exception:  # noqa: BLE001 (tensors, arrays: shown)
         return False
-
-
-#: the causes counted by a two-count ``bad`` slot, in its order
-BAD_CAUSES = ("target_out_of_range", "nonfinite_preds")
-
-
-def raising_count(bad: torch.Tensor, nan_strategy: str) -> torch.Tensor:
-    """The count of a ``bad`` slot that makes compute() raise: every count
-    under ``"error"``; of a two-count slot (``BAD_CAUSES``) otherwise only the
-    bad targets (nan_strategy applies to NaN/Inf predictions, never to labels)."""
-    bad = bad.reshape(-1)
-    return bad[0] if bad.numel() == 2 and nan_strategy != "error" else bad.sum()
-
-
-#: fixes named by compute()'s bad-input error, per cause
-_FIXES = {
-    "target_out_of_range": "pass ignore_index=<value> if those targets are padding, else fix the labels "
-    "(class indices must lie in [0, num_classes))",
-    "nonfinite_preds": "nan_strategy='ignore' leaves NaN/Inf rows out, 'propagate' makes the value NaN",
-    "nonfinite_inputs": "nan_strategy='ignore' leaves NaN/Inf elements out, 'propagate' lets them into the value",
-}
-
-
-def bad_causes_hint(causes: dict[str, float] | None, nan_strategy: str) -> str:
-    """``"; by cause: a=1, b=0. Fix: ...; reset() clears the counts"``."""
-    if not causes:
-        return ". reset() clears the counts (they stay until then)"
-    parts = ", ".join(f"{k}={int(v) if math.isfinite(v) else v}" for k, v in causes.items())
-    fixes = [_FIXES[k] for k, v in causes.items() if v != 0 and k in _FIXES]
-    if nan_strategy != "error":
-        fixes = [f for f in fixes if not f.startswith("nan_strategy")]
-    fix = "; ".join(fixes)
-    return f"; by cause: {parts}. Fix: {fix + '; ' if fix else ''}reset() clears the counts (they stay until then)"
 
 
 def fresh(value, st: Storage):

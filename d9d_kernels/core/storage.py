@@ -16,16 +16,16 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Mapping
 from typing import Any
 
 import torch
 
 from d9d_kernels.core.device import resolve_device
 from d9d_kernels.core.statistic import KINDS, MAX, REPLICA, SUM, Slot, Statistic
-from d9d_kernels.core.sync import SyncState, member_detail
+from d9d_kernels.core.sync import SyncState
+from d9d_kernels.memory import check_fits, format_bytes
 
-__all__ = ["Layout", "Storage", "StateEntry", "numel", "check_fits", "format_bytes", "align", "combine", "check_entry"]
+__all__ = ["Layout", "Storage", "StateEntry", "numel", "align", "combine"]
 
 
 def numel(shape) -> int:
@@ -83,6 +83,8 @@ class Layout:
         lines.append(";".join(f"{k}={self.sizes[k]}" for k in KINDS))
         self.schema = "\n".join(lines)
         self.fingerprint = hashlib.sha256(self.schema.encode()).hexdigest()[:16]
+        from d9d_kernels.distributed import member_detail
+
         self.detail = member_detail(owners, self)  # what a schema mismatch across ranks describes
         # what ranks must agree on to sync: the state schema and every member's configuration
         # (formula-only settings such as average= change no slot but change the value)
@@ -125,53 +127,6 @@ def feed_key(metric) -> str:
     return "d9d_kernels" if module.startswith("d9d_kernels.") else f"{module}.{fn.__qualname__}"
 
 
-def format_bytes(n: float) -> str:
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= scale:
-            return f"{n / scale:.3g} {unit}" if n < 100 * scale else f"{n / scale:.0f} {unit}"
-    return f"{int(n)} B"
-
-
-#: buffers a storage holds per state copy: local, reset values, two sync snapshots
-STATE_COPIES = 4
-#: ceiling on one metric's state when the free memory cannot be read
-STATE_CAP_BYTES = 64 * 2**30
-
-
-def available_bytes(device: torch.device) -> int | None:
-    """Free memory on ``device`` (CPU: MemAvailable; CUDA: mem_get_info), or None."""
-    try:
-        if device.type == "cuda":
-            return int(torch.cuda.mem_get_info(device)[0])
-        if device.type == "cpu":
-            with open("/proc/meminfo") as f:
-                for line in f:
-                    if line.startswith("MemAvailable:"):
-                        return int(line.split()[1]) * 1024
-    except (OSError, RuntimeError, ValueError):
-        return None
-    return None
-
-
-def check_fits(layout: "Layout", device: torch.device, label: str) -> None:
-    """Raises ``ValueError`` naming the state size before anything is
-    allocated when the buffers could not fit in memory."""
-    one = layout.state_bytes()
-    need = STATE_COPIES * one
-    avail = available_bytes(device)
-    limit = STATE_CAP_BYTES * STATE_COPIES if avail is None else avail
-    if need <= limit:
-        return
-    where = f"{format_bytes(avail)} available on {device}" if avail is not None else \
-        f"the {format_bytes(limit)} cap (free memory of {device} unknown)"
-    raise ValueError(
-        f"{label}: needs {format_bytes(one)} of float64 state (largest slot: {layout.largest_slot()}), "
-        f"{format_bytes(need)} with its {STATE_COPIES} buffers (local, reset values, 2 sync snapshots); "
-        f"that exceeds {where}. Reduce num_classes / num_bins, or use a metric with O(C) state "
-        "(e.g. F1Score instead of ConfusionMatrix)"
-    )
-
-
 def align(stat: Statistic, mine: dict, theirs: dict) -> None:
     """Re-expresses two states of ``stat`` (views, all kinds) about one
     REPLICA value, ``choose_replica`` of the two (``mine`` first)."""
@@ -192,28 +147,6 @@ def combine(layout: Layout, j: int, mine: dict, theirs: dict) -> None:
             mine[s.name].add_(theirs[s.name])
         elif s.kind == MAX:
             torch.maximum(mine[s.name], theirs[s.name], out=mine[s.name])
-
-
-def check_entry(label: str, key: str, entry, layout: Layout) -> None:
-    """Raises ``ValueError`` naming ``label`` and ``key`` unless ``entry`` is a
-    state entry of ``layout``: a ``StateEntry`` (or mapping) holding exactly
-    the non-empty kinds as real 1-d tensors of the layout's sizes."""
-    want = {k: layout.sizes[k] for k in KINDS if layout.sizes[k]}
-    expected = "a StateEntry of " + ", ".join(f"{k!r}: float64[{n}]" for k, n in want.items())
-    if not isinstance(entry, StateEntry) and not isinstance(entry, Mapping):
-        raise ValueError(f"{label}: state_dict[{key!r}] must be {expected}, got {type(entry).__name__}")
-    keys = set(entry.keys())
-    if keys != set(want):
-        missing, extra = sorted(set(want) - keys), sorted(keys - set(want))
-        raise ValueError(f"{label}: state_dict[{key!r}] must be {expected}; "
-                         + "; ".join(x for x in (f"missing {missing}" if missing else "",
-                                                 f"unexpected {extra}" if extra else "") if x))
-    for k, n in want.items():
-        v = entry[k]
-        if not isinstance(v, torch.Tensor) or v.is_complex() or not (v.is_floating_point() or v.dtype == torch.int64) \
-                or tuple(v.shape) != (n,):
-            got = f"{v.dtype} {list(v.shape)}" if isinstance(v, torch.Tensor) else type(v).__name__
-            raise ValueError(f"{label}: state_dict[{key!r}][{k!r}] must be a float64 tensor of shape [{n}], got {got}")
 
 
 class StateEntry:

@@ -1,30 +1,18 @@
 """The sync protocol: one coalesced async all_reduce per storage.
 
-``trigger`` copies the local buffers into a snapshot (two, used in turn)
-and launches ONE async "sum" ``all_reduce`` of the SUM buffer, a small MAX
-buffer riding in it (one row per rank, maxed after the wait; a large one
-gets its own "max" collective). ``wait`` waits and publishes the snapshot,
-which ``compute`` reads until the next update. The first sync on a
-(storage, context) pair checks that every rank holds the same schema and
-configuration (``handshake``: one fixed-shape collective).
-
-Pivoted statistics (REPLICA slots, e.g. moment pivots) keep local sums
-about a pivot of this rank's own data since its reset. Before the sum,
-every rank re-expresses them about the context's *reference*, a value every
-rank holds identically because it comes from the last synced values (their
-centre, e.g. the synced mean). After the wait every rank checks, on the
-same synced values, whether the reference was far from this interval's
-centre (``Statistic.off_center``); then, and only then, every rank runs one
-corrective all_reduce of the pivoted statistics' sums re-expressed about
-the synced centre. So how many collectives a sync issues, and their sizes,
-depend only on the layout and on values every rank shares, and the result
-does not depend on the world size or on what came before the last reset.
-docs/metrics_core.md §3 and docs/distributed.md have the details.
+``trigger`` snapshots the local buffers and launches ONE async "sum"
+``all_reduce`` (a small MAX buffer rides in it, one row per rank); ``wait``
+publishes the snapshot. The first sync per context checks every rank's
+schema and configuration (``handshake``). Pivoted sums are re-expressed
+about the context's reference (the centre of the last synced values, which
+every rank holds alike) before the sum; when the synced values show it was
+off-centre, every rank runs one corrective all_reduce. So a sync's
+collectives depend only on the layout and values every rank shares, and
+its result not on the world size or what came before a reset
+(docs/metrics_core.md §3).
 """
 
 from __future__ import annotations
-
-import json
 
 import torch
 
@@ -291,30 +279,6 @@ def handshake(st: Storage, ctx) -> None:
         explain=explain_members,  # d9d_kernels.distributed: the details below, per member in words
     )
     st.sync.handshakes.add(key)
-
-
-def member_detail(owners: list, layout) -> str:
-    """JSON ``[[label, {field: text}], ...]`` of a layout's ``owners``
-    (``(label, metric)``): the class, the public configuration attributes and
-    each statistic's schema. Sent by one rank per schema variant when ranks disagree."""
-    out = []
-    for i, (label, m) in enumerate(owners):
-        fields: dict[str, str] = {"class": type(m).__name__}
-        for k, v in sorted(vars(m).items()):
-            if not k.startswith("_") and _plain(v):
-                fields[k] = repr(v)
-        for name, j in sorted(layout.maps[i].items()):
-            stat = layout.stats[j]
-            slots = ", ".join(f"{s.name} {s.kind} {tuple(s.shape)}" for s, _ in layout.placed[j])
-            fields[f"state {name}"] = f"{stat.schema()} [{slots}]"
-        out.append([label, fields])
-    return json.dumps(out)
-
-
-def _plain(v) -> bool:
-    if isinstance(v, (tuple, list)):
-        return len(v) <= 16 and all(_plain(x) for x in v)
-    return v is None or isinstance(v, (bool, int, float, str))
 
 
 def resolve_ctx(st: Storage, ctx):
