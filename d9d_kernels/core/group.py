@@ -169,11 +169,8 @@ class MetricGroup(_GroupBase):
         An error raised by a member names it (``MetricGroup['mse']
         (MeanSquaredError)``) and says ``g.update(**inputs)`` routed the
         inputs there; no member's state is written before every routed
-        member's checks passed. The first call of each input signature
-        records every member's update on its own (``_record``): the members
-        whose updates record replay together in C++, one that does not
-        (its update transforms its inputs) runs checked, alone, and warns
-        once (``explain()`` says why)."""
+        member's checks passed. Each member's update is recorded on its own
+        (``_record``): one that cannot be runs checked, alone, and warns once."""
         if args:
             inputs = self._name_positional(args, inputs)
         st = self._storage

@@ -186,10 +186,8 @@ def note(storage, name: str, why: str | None) -> None:
 
 
 class GroupPlan:
-    """A group update's recording for one signature: ``plan`` replays the
-    members whose updates record (None if none did); the ``checked`` members
-    run their own update at every call, after every member's checks and
-    the plan, skipping the statistics the plan ran."""
+    """A group update's recording: ``plan`` replays the members that record
+    (or None); the ``checked`` members run their update at every call."""
 
     __slots__ = ("plan", "checked")
 

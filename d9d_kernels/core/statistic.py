@@ -199,14 +199,12 @@ class Statistic:
         for k, v in replica.items():
             state[k].copy_(v)
 
-    def center(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """The REPLICA values about which ``state``'s sums are most precise
-        (moments: their mean; NaN where there is no data). Torch ops only.
-        Default: the state's own."""
-        return {s.name: state[s.name] for s in self.slots() if s.kind == REPLICA}
+    #: the slots ``adopt_replica`` re-expresses (a sync moves only these); () = every slot
+    recentred = ()
 
-    def off_center(self, state: dict[str, torch.Tensor]) -> torch.Tensor:
-        """A 0-d bool tensor: whether ``state``'s sums, about its REPLICA
-        values, lose precision that sums about ``center(state)`` keep (a sync
-        then runs its corrective round). Torch ops only. Default: False."""
-        return torch.zeros((), dtype=torch.bool, device=next(iter(state.values())).device)
+    def center(self, state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        """``(replica, off)``: the REPLICA values ``state``'s sums are most precise
+        about (NaN: no data) and a 0-d bool, whether sums about the current ones
+        lost precision (a sync's corrective round). Default: its own, never off."""
+        rep = {s.name: state[s.name] for s in self.slots() if s.kind == REPLICA}
+        return rep, torch.zeros((), dtype=torch.bool, device=next(iter(rep.values())).device)

@@ -113,25 +113,36 @@ def trigger(st: Storage, ctx) -> None:
 
 class Batch:
     """The pivoted statistics of one schema, read and written together: per
-    slot, one index into its buffer, so ``adopt_replica``, ``center`` and
-    ``off_center`` (which take leading dims) run once for all of them."""
+    slot, the range (adjacent statistics) or index of its values in its
+    buffer, so ``adopt_replica`` and ``center`` (which take leading dims)
+    run once for all of them. ``gather`` gives views where it can."""
 
     def __init__(self, layout, js: list[int], device: torch.device):
         self.stat = layout.stats[js[0]]
         self.slots = []
+        moved = self.stat.recentred
         for k, (s, _) in enumerate(layout.placed[js[0]]):
-            offs = [layout.placed[j][k][1] for j in js]
-            idx = torch.cat([torch.arange(o, o + numel(s.shape), device=device) for o in offs])
-            self.slots.append((s.name, s.kind, (len(js), *s.shape), idx))
+            if moved and s.name not in moved:
+                continue
+            n, offs = numel(s.shape), [layout.placed[j][k][1] for j in js]
+            adjacent = all(b - a == n for a, b in zip(offs, offs[1:]))
+            where = slice(offs[0], offs[0] + n * len(js)) if adjacent else \
+                torch.cat([torch.arange(o, o + n, device=device) for o in offs])
+            self.slots.append((s.name, s.kind, (len(js), *s.shape), where))
 
     def gather(self, bufs: dict, kinds=(SUM, REPLICA)) -> dict[str, torch.Tensor]:
-        """The batch's slots of ``bufs`` (copies), stacked: ``[statistics, *slot shape]``."""
-        return {n: bufs[k][idx].view(shape) for n, k, shape, idx in self.slots if k in kinds}
+        """The batch's slots of ``bufs``, ``[statistics, *slot shape]``."""
+        return {n: bufs[k][w].view(shape) for n, k, shape, w in self.slots if k in kinds}
 
     def scatter(self, bufs: dict, state: dict[str, torch.Tensor], kinds=(SUM, REPLICA)) -> None:
-        for n, k, _, idx in self.slots:
+        for n, k, _, w in self.slots:
             if k in kinds and n in state:
-                bufs[k].index_copy_(0, idx, state[n].reshape(-1))
+                if isinstance(w, slice):
+                    dst = bufs[k][w]
+                    if dst.data_ptr() != state[n].data_ptr():
+                        dst.copy_(state[n].reshape(-1))
+                else:
+                    bufs[k].index_copy_(0, w, state[n].reshape(-1))
 
 
 def batches(st: Storage) -> list[Batch]:
@@ -179,13 +190,12 @@ def _settle(st: Storage, p: Pending, snapshot: dict) -> None:
     centre = {REPLICA: ref.clone()}
     offs = []
     for b in batches(st):
-        state = b.gather(snapshot)
-        offs.append(b.stat.off_center(state).reshape(()))
+        c, off = b.stat.center(b.gather(snapshot))
+        offs.append(off.reshape(()))
         old = b.gather(centre, (REPLICA,))
-        c = {k: torch.where(torch.isnan(v), old[k], v) for k, v in b.stat.center(state).items()}
-        b.scatter(centre, c, (REPLICA,))  # no data this interval: the reference stays
-    centre = centre[REPLICA]
-    if bool(torch.stack(offs).any()):  # host read of values every rank holds: the same decision on every rank
+        b.scatter(centre, {k: torch.where(torch.isnan(v), old[k], v) for k, v in c.items()}, (REPLICA,))
+    centre = centre[REPLICA]  # no data this interval: the reference stays
+    if bool(torch.stack(offs).any() if len(offs) > 1 else offs[0]):  # host read of values every rank holds: the same decision on every rank
         parts = []
         for b, local in zip(batches(st), p.local):
             b.stat.adopt_replica(local, b.gather({REPLICA: centre}, (REPLICA,)))

@@ -38,22 +38,12 @@ def recenter_moments(moments: torch.Tensor, old: torch.Tensor, new: torch.Tensor
     sync). Returns a new [..., 9] tensor.
     """
     d = torch.nan_to_num(old, nan=0.0) - torch.nan_to_num(new, nan=0.0)
-    dx, dy = d[..., 0], d[..., 1]
-    w, sx, sxx, sy, syy, sxy = (moments[..., i] for i in range(6))
-    return torch.stack(
-        [
-            w,
-            sx + w * dx,
-            sxx + 2 * dx * sx + w * dx * dx,
-            sy + w * dy,
-            syy + 2 * dy * sy + w * dy * dy,
-            sxy + dx * sy + dy * sx + w * dx * dy,
-            moments[..., 6],
-            moments[..., 7],
-            moments[..., 8],
-        ],
-        dim=-1,
-    )
+    w, s = moments[..., :1], moments[..., 1:4:2]  # s: (sx, sy)
+    out = moments.clone()
+    out[..., 1:4:2] = s + w * d
+    out[..., 2:5:2] = moments[..., 2:5:2] + 2 * d * s + w * d * d
+    out[..., 5] = moments[..., 5] + (d * s.flip(-1)).sum(-1) + w[..., 0] * d[..., 0] * d[..., 1]
+    return out
 
 
 def as_tensor(v, device: torch.device, like: torch.Tensor | None = None) -> torch.Tensor:
@@ -217,42 +207,36 @@ class MomentsStatistic(Shareable):
     def choose_replica(self, replicas):
         return {"pivot": first_set([r["pivot"] for r in replicas])}
 
+    #: the slots adopt_replica re-expresses (a sync moves only these)
+    recentred = ("moments", "pivot")
+
     def adopt_replica(self, state, replica) -> None:
         new = replica["pivot"].to(state["pivot"].device)
         state["moments"].copy_(recenter_moments(state["moments"], state["pivot"], new))
         state["pivot"].copy_(new)
 
     def center(self, state):
-        """Per component, the pivot plus the weighted mean offset (the data's
-        mean): NaN without data, and for ``y`` when not paired."""
-        m, pivot = state["moments"], state["pivot"]
+        """``({"pivot": the data's mean}, off)``: per component the pivot plus
+        the weighted mean offset ``d`` (NaN without data, and for ``y`` when
+        not paired); ``off`` when sums about the pivot lose more than
+        ``OFF_CENTER`` ulps that sums about the mean keep: for the mean,
+        ``(|d| + |pivot|) / (|mean| + std)``; with ``paired`` (regression
+        reads central second moments) also ``d² / var`` (a floor of ``2**-40``
+        of the pivot in ``var`` absorbs the rounding of a centre re-picked on
+        constant data)."""
+        m = state["moments"]
+        p = torch.nan_to_num(state["pivot"], nan=0.0)
         w = m[..., :1]
-        mean = torch.nan_to_num(pivot, nan=0.0) + torch.stack([m[..., 1], m[..., 3]], -1) / w
-        keep = torch.isfinite(mean) & (w > 0)
+        d = m[..., 1:4:2] / w  # (x, y)
+        var = (m[..., 2:5:2] / w - d * d).clamp(min=0)  # cancellation can leave it below 0: all lost
+        mean = p + d
+        lost = (d.abs() + p.abs()) / (mean.abs() + var.sqrt())
+        if self.paired:
+            lost = torch.maximum(lost, d * d / (var + (p * 2.0**-40) ** 2))
+        keep = (w > 0) & torch.isfinite(mean)
         if not self.paired:
             keep = keep & torch.tensor([True, False], device=keep.device)
-        return {"pivot": torch.where(keep, mean, float("nan"))}
-
-    def off_center(self, state):
-        """Whether sums about the pivot lose more than ``OFF_CENTER`` ulps
-        that sums about the mean keep: for the mean, ``(|d| + |pivot|) /
-        (|mean| + std)`` with ``d`` the mean's offset from the pivot; with
-        ``paired`` (regression: central second moments are read) also
-        ``d² / var`` (a floor of ``2**-40`` of the pivot in ``var`` absorbs the
-        rounding of a centre re-picked on constant data)."""
-        m = state["moments"]
-        w = m[..., 0]
-        pivot = torch.nan_to_num(state["pivot"], nan=0.0)
-        off = torch.zeros_like(w, dtype=torch.bool)
-        for k, i in ((0, 1), (1, 3)):
-            d = m[..., i] / w
-            var = (m[..., i + 1] / w - d * d).clamp(min=0)  # cancellation can leave it below 0: all lost
-            p = pivot[..., k]
-            lost = (d.abs() + p.abs()) / ((p + d).abs() + var.sqrt())
-            if self.paired:
-                lost = torch.maximum(lost, d * d / (var + (p * 2.0**-40) ** 2))
-            off |= (w > 0) & (lost > OFF_CENTER)
-        return off.any()
+        return {"pivot": torch.where(keep, mean, float("nan"))}, (keep & (lost > OFF_CENTER)).any()
 
 
 #: ulps lost to an off-centre pivot above which a sync re-sums pivoted moments about their mean
