@@ -84,7 +84,6 @@ class Layout:
         self.schema = "\n".join(lines)
         self.fingerprint = hashlib.sha256(self.schema.encode()).hexdigest()[:16]
         from d9d_kernels.distributed import member_detail
-
         self.detail = member_detail(owners, self)  # what a schema mismatch across ranks describes
         # what ranks must agree on to sync: the state schema and every member's configuration
         # (formula-only settings such as average= change no slot but change the value)
