@@ -229,8 +229,7 @@ class MetricGroup(_GroupBase):
                           "the other members replay theirs. g.explain() lists each member's path.", UserWarning,
                           stacklevel=4)
 
-    def explain(self) -> dict[str, str]:
-        """How each member's update runs, per name (``Metric.explain``)."""
+    def explain(self) -> dict[str, str]:  # how each member's update runs, per name (Metric.explain)
         return {n: m.explain()[n] for n, m in self._members.items()}
 
     def _collect(self, inputs: dict, targets: list) -> list:

@@ -396,13 +396,11 @@ class Metric(_Base, metaclass=_MetricMeta):
         self._whole_storage("trigger_sync")
         sync.trigger(self._storage, ctx)
 
-    def wait_sync(self, ctx=None) -> None:
-        """Waits for the collectives of the last ``trigger_sync``."""
+    def wait_sync(self, ctx=None) -> None:  # waits for the collectives of the last trigger_sync
         self._whole_storage("wait_sync")
         sync.wait(self._storage)
 
-    def _whole_storage(self, op: str) -> None:
-        """Refuses an operation on a group member that would act on the whole group's storage."""
+    def _whole_storage(self, op: str) -> None:  # refuses what would act on a whole group's storage
         if self._group is not None:
             raise RuntimeError(
                 f"{self._label}.{op}(): a member shares its group's storage, and {op} acts on all of it; "
@@ -589,14 +587,18 @@ class Metric(_Base, metaclass=_MetricMeta):
     def reset(self) -> None:
         """Clears local and synced state (device-side fills, no host sync).
 
-        On a member of a group, resets the slots of this member's statistics
-        (shared with members that merged into them), local and synced, and
-        a sync in flight publishes them reset; the other members keep their
-        values, synced ones included."""
-        if self._group is not None:
-            self._storage.reset_stats(set(self._stat_map.values()))
-        else:
-            self._storage.reset()
+        On a member of a group, resets its statistics, local and synced (a
+        sync in flight publishes them reset); the other members keep theirs.
+        A statistic shared with another member (one kernel call for both)
+        cannot be reset for one alone: ``RuntimeError`` naming them."""
+        if self._group is None:
+            return self._storage.reset()
+        mine = set(self._stat_map.values())
+        sharing = [n for n, m in self._group.items() if m is not self and mine & set(m._stat_map.values())]
+        if sharing:
+            raise RuntimeError(f"{self._label}.reset(): its state is shared with {sharing} (one kernel call feeds "
+                               "them), so resetting it alone would reset them too; reset the MetricGroup")
+        self._storage.reset_stats(mine)
 
     def to(self, device) -> "Metric":
         if self._group is not None:

@@ -51,8 +51,7 @@ class SyncState:
         self.references: dict[tuple, torch.Tensor] = {} if references is None else references
         self.batches: list | None = None  # sync.batches: the pivoted statistics' index tensors
 
-    def copied(self, device: torch.device) -> "SyncState":
-        """What outlives a move or a clone: the handshakes and references (on ``device``)."""
+    def copied(self, device: torch.device) -> "SyncState":  # what outlives a move or a clone
         return SyncState(set(self.handshakes), {k: v.to(device, copy=True) for k, v in self.references.items()})
 
 

@@ -279,3 +279,18 @@ def test_running_and_its_base_in_one_group_are_refused():
     for v in (1.0, 2.0, 4.0):
         g.update(values=torch.tensor([v]))
     assert g.compute() == {"r": 6.0, "s": 7.0}
+
+
+def test_member_reset_of_a_shared_statistic_is_refused():
+    g = dk.MetricGroup({"acc": dk.Accuracy(task="multiclass", num_classes=3),
+                        "f1": dk.F1Score(task="multiclass", num_classes=3, average="macro"),
+                        "loss": dk.SumMetric()})
+    g.update(preds=torch.tensor([0, 1, 2, 2]), target=torch.tensor([0, 1, 1, 2]))
+    g["loss"].update(3.0)
+    before = g.compute()
+    with pytest.raises(RuntimeError, match=r"MetricGroup\['acc'\] \(Accuracy\)\.reset\(\): its state is shared with "
+                                           r"\['f1'\].*reset the MetricGroup"):
+        g["acc"].reset()
+    _same(g.compute(), before)  # nothing changed
+    g["loss"].reset()  # a statistic of its own: only it
+    assert g.compute()["loss"].item() == 0.0 and g.compute()["f1"].item() == before["f1"].item()
