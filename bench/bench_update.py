@@ -155,7 +155,8 @@ def forward_calls(prov: str, grp, inputs):
             return g(preds=logits, target=target)
 
         def state_only():  # forward's state work: scratch reset, update on it, fold
-            run_forward(st, lambda: (lm.update(values=loss, weights=n), g.update(preds=logits, target=target)))
+            run_forward(st, lambda: (lm.update(values=loss, weights=n), g.update(preds=logits, target=target)),
+                        lambda views: None)
 
         def update_result():  # the update, then as many fresh tensors as forward returns
             grp.update(*inputs)

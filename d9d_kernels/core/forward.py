@@ -21,8 +21,8 @@ from typing import Callable
 
 import torch
 
-from d9d_kernels.core.statistic import KINDS, MAX, SUM
-from d9d_kernels.core.storage import align, numel
+from d9d_kernels.core.statistic import KINDS, MAX, REPLICA, SUM
+from d9d_kernels.core.storage import numel
 from d9d_kernels.memory import format_bytes
 
 __all__ = ["Scratch", "run"]
@@ -89,10 +89,16 @@ class Scratch:
         return ran
 
     def fold(self, st, ran: frozenset) -> None:
-        """Folds the ranges of the statistics ``ran`` into the state."""
+        """Folds the ranges of the statistics ``ran`` into the state. A pivoted
+        batch is first re-expressed about the pivot ``choose_replica`` keeps
+        (the state's where it has one); the state's sums need nothing: they
+        are about that pivot, or the state has none and they are 0 (or
+        already non-finite), about any."""
         for j in ran:
             if st.layout.has_replica(j):
-                align(st.layout.stats[j], st.local_views[j], self.views[j])
+                stat, mine, batch = st.layout.stats[j], st.local_views[j], self.views[j]
+                names = [s.name for s in stat.slots() if s.kind == REPLICA]
+                stat.adopt_replica(batch, stat.choose_replica([{n: mine[n] for n in names}, {n: batch[n] for n in names}]))
         for kind, loc, scr, init in self.dirty:
             if kind == SUM:
                 loc.add_(scr if init is None else scr - init)  # non-zero reset values: the batch's part only
