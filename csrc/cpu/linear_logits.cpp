@@ -25,6 +25,7 @@
 // the region's other threads do not carry the caller's thread-local modes
 // (inference mode, no_grad), which the dispatcher's autograd layer reads.
 // Internal (CPU only, not in d9d_kernels._extension.OPS).
+#include <array>
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <ATen/ScalarOps.h>
@@ -93,10 +94,11 @@ void block_row(const T* x, int64_t c, int64_t c0, double zt, int64_t t, bool sum
   st[2] += static_cast<double>(ahead);
 }
 
-void linear_logits_rows_cpu(const at::Tensor& hidden, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
-                            const at::Tensor& zt, const at::Tensor& tloc, int64_t cols, int64_t rows,
-                            std::optional<double> softcap, bool sumexp, const at::Tensor& out) {
-  const char* op = "linear_logits_rows";
+// The arguments both row ops share: hidden [N, D], weight [V, D] and bias [V] of one floating dtype
+// on one device; returns {N, D, V}.
+static std::array<int64_t, 3> check_hidden_weight_bias(const char* op, const at::Tensor& hidden,
+                                                      const at::Tensor& weight,
+                                                      const std::optional<at::Tensor>& bias) {
   check_floating(op, "hidden", hidden);
   D9D_CHECK(hidden.dim() == 2, op, "hidden", "must be [N, D], got shape ", hidden.sizes());
   const int64_t N = hidden.size(0), D = hidden.size(1);
@@ -113,6 +115,14 @@ void linear_logits_rows_cpu(const at::Tensor& hidden, const at::Tensor& weight, 
               bias->sizes());
     check_device(op, "bias", *bias, hidden.device());
   }
+  return {N, D, V};
+}
+
+void linear_logits_rows_cpu(const at::Tensor& hidden, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                            const at::Tensor& zt, const at::Tensor& tloc, int64_t cols, int64_t rows,
+                            std::optional<double> softcap, bool sumexp, const at::Tensor& out) {
+  const char* op = "linear_logits_rows";
+  const auto [N, D, V] = check_hidden_weight_bias(op, hidden, weight, bias);
   check_floating(op, "zt", zt);
   D9D_CHECK(zt.dim() == 1 && zt.size(0) == N, op, "zt", "must be [N] = [", N, "], got shape ", zt.sizes());
   check_index(op, "tloc", tloc);
@@ -182,22 +192,7 @@ void linear_logits_target_cpu(const at::Tensor& hidden, const at::Tensor& weight
                               const std::optional<at::Tensor>& bias, const at::Tensor& target, int64_t start,
                               const at::Tensor& out) {
   const char* op = "linear_logits_target";
-  check_floating(op, "hidden", hidden);
-  D9D_CHECK(hidden.dim() == 2, op, "hidden", "must be [N, D], got shape ", hidden.sizes());
-  const int64_t N = hidden.size(0), D = hidden.size(1);
-  D9D_CHECK_TYPE(weight.scalar_type() == hidden.scalar_type(), op, "weight", "must have hidden's dtype ",
-                 hidden.scalar_type(), ", got ", weight.scalar_type());
-  D9D_CHECK(weight.dim() == 2 && weight.size(1) == D, op, "weight", "must be [V, D] with D = ", D, ", got shape ",
-            weight.sizes());
-  check_device(op, "weight", weight, hidden.device());
-  const int64_t V = weight.size(0);
-  if (bias.has_value()) {
-    D9D_CHECK_TYPE(bias->scalar_type() == hidden.scalar_type(), op, "bias", "must have hidden's dtype ",
-                   hidden.scalar_type(), ", got ", bias->scalar_type());
-    D9D_CHECK(bias->dim() == 1 && bias->size(0) == V, op, "bias", "must be [V] = [", V, "], got shape ",
-              bias->sizes());
-    check_device(op, "bias", *bias, hidden.device());
-  }
+  const auto [N, D, V] = check_hidden_weight_bias(op, hidden, weight, bias);
   check_index(op, "target", target);
   D9D_CHECK(target.dim() == 1 && target.size(0) == N, op, "target", "must be [N] = [", N, "], got shape ",
             target.sizes());
