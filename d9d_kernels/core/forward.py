@@ -4,10 +4,10 @@
 gives for that batch: the update runs on a ``Scratch`` copy of the
 storage's buffers at their reset values (pivots included: the batch picks
 its own), the batch value is computed from it, then the ranges of the
-statistics it ran are folded into the state with the one rule of
-``storage.combine``: pivoted statistics aligned first (the state's pivot
-kept where it has one), SUM added, MAX maxed (the kernels' ``nan_maximum``:
-NaN wins, a tie takes the batch's), REPLICA copied.
+statistics it ran are folded into the state: the batch's pivoted sums
+re-expressed about ``storage.chosen_replica`` (the state's pivot where it
+has one), SUM added, MAX maxed (the kernels' ``nan_maximum``: NaN wins, a
+tie takes the batch's), REPLICA copied.
 
 The scratch is allocated at the first forward of a storage and kept reset
 between forwards by re-filling only the ranges the last forward wrote: a
@@ -21,8 +21,8 @@ from typing import Callable
 
 import torch
 
-from d9d_kernels.core.statistic import KINDS, MAX, REPLICA, SUM
-from d9d_kernels.core.storage import numel
+from d9d_kernels.core.statistic import KINDS, MAX, SUM
+from d9d_kernels.core.storage import chosen_replica, numel
 from d9d_kernels.memory import format_bytes
 
 __all__ = ["Scratch", "run"]
@@ -89,16 +89,12 @@ class Scratch:
         return ran
 
     def fold(self, st, ran: frozenset) -> None:
-        """Folds the ranges of the statistics ``ran`` into the state. A pivoted
-        batch is first re-expressed about the pivot ``choose_replica`` keeps
-        (the state's where it has one); the state's sums need nothing: they
-        are about that pivot, or the state has none and they are 0 (or
-        already non-finite), about any."""
+        """Folds the ranges of the statistics ``ran`` into the state, a pivoted batch re-expressed first;
+        the state's sums are about the chosen pivot already, or it has none and they are 0 (or non-finite)."""
         for j in ran:
             if st.layout.has_replica(j):
-                stat, mine, batch = st.layout.stats[j], st.local_views[j], self.views[j]
-                names = [s.name for s in stat.slots() if s.kind == REPLICA]
-                stat.adopt_replica(batch, stat.choose_replica([{n: mine[n] for n in names}, {n: batch[n] for n in names}]))
+                stat, batch = st.layout.stats[j], self.views[j]
+                stat.adopt_replica(batch, chosen_replica(stat, st.local_views[j], batch))
         for kind, loc, scr, init in self.dirty:
             if kind == SUM:
                 loc.add_(scr if init is None else scr - init)  # non-zero reset values: the batch's part only

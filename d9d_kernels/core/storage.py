@@ -25,7 +25,7 @@ from d9d_kernels.core.statistic import KINDS, MAX, REPLICA, SUM, Slot, Statistic
 from d9d_kernels.core.sync import SyncState
 from d9d_kernels.memory import check_fits, format_bytes
 
-__all__ = ["Layout", "Storage", "StateEntry", "numel", "align", "combine"]
+__all__ = ["Layout", "Storage", "StateEntry", "numel", "chosen_replica", "align", "combine"]
 
 
 def numel(shape) -> int:
@@ -115,30 +115,31 @@ class Layout:
 
 
 def feed_key(metric) -> str:
-    """What computes the inputs ``metric`` feeds its statistics: statistics
-    merge only when equal *and* fed by the same code, so two members never
-    share a state they would feed differently. The library's updates feed
-    shared statistics the same inputs (``tests/metrics/test_catalogue_group.py``);
-    an ``update`` defined elsewhere (a user's override) is its own feed."""
+    """What computes the inputs ``metric`` feeds its statistics (merged only when equal and fed
+    alike): the library's updates feed shared statistics the same inputs, any other ``update`` is its own."""
     fn = type(metric).update
     fn = getattr(fn, "__wrapped__", fn)
     module = getattr(fn, "__module__", "") or ""
     return "d9d_kernels" if module.startswith("d9d_kernels.") else f"{module}.{fn.__qualname__}"
 
 
-def align(stat: Statistic, mine: dict, theirs: dict) -> None:
-    """Re-expresses two states of ``stat`` (views, all kinds) about one
-    REPLICA value, ``choose_replica`` of the two (``mine`` first)."""
+def chosen_replica(stat: Statistic, mine: dict, theirs: dict) -> dict:
+    """``choose_replica`` of two states of ``stat`` (``mine`` first)."""
     names = [s.name for s in stat.slots() if s.kind == REPLICA]
-    chosen = stat.choose_replica([{n: mine[n] for n in names}, {n: theirs[n] for n in names}])
+    return stat.choose_replica([{n: mine[n] for n in names}, {n: theirs[n] for n in names}])
+
+
+def align(stat: Statistic, mine: dict, theirs: dict) -> None:
+    """Re-expresses two states of ``stat`` (views, all kinds) about their ``chosen_replica``."""
+    chosen = chosen_replica(stat, mine, theirs)
     stat.adopt_replica(mine, chosen)
     stat.adopt_replica(theirs, chosen)
 
 
 def combine(layout: Layout, j: int, mine: dict, theirs: dict) -> None:
     """Adds ``theirs`` into ``mine`` (statistic ``j``'s views): REPLICA
-    aligned first (``align``), SUM added, MAX maxed. The one rule merges,
-    loads of several entries and forward's fold follow."""
+    aligned first (``align``), SUM added, MAX maxed: the rule of merges and
+    loads of several entries (forward's fold takes the same choice)."""
     if layout.has_replica(j):
         align(layout.stats[j], mine, theirs)
     for s, _ in layout.placed[j]:

@@ -64,7 +64,7 @@ class Pending:
         self.folded = folded  # folded() views when MAX rode in the sum
         self.discard = False  # the whole storage was reset or replaced: publish nothing
         self.ctx = ctx
-        self.local = local  # pivoted statistics' local SUM and REPLICA values, for a corrective round
+        self.local = local  # per batch, the pivoted statistics' local values, for a corrective round
         self.cleared: set[int] = set()  # statistics reset (a member's reset) while in flight
 
 
@@ -107,7 +107,6 @@ def trigger(st: Storage, ctx) -> None:
         if k not in done:
             snapshot[k].copy_(v)
     st.sync.pending = Pending(handles, i, fold, ctx, local)
-
 
 
 class Batch:
@@ -155,10 +154,8 @@ def batches(st: Storage) -> list[Batch]:
 
 
 def _to_reference(st: Storage, ctx, sums: torch.Tensor, rep: torch.Tensor):
-    """Re-expresses the pivoted statistics' sums in ``sums`` (the SUM buffer
-    about to be summed) about ``ctx``'s reference, which ``rep`` (the
-    snapshot's REPLICA buffer) then holds; returns their local SUM and
-    REPLICA values per batch, for a corrective round (None without pivoted statistics)."""
+    """Re-expresses the pivoted sums in ``sums`` (about to be summed) about ``ctx``'s reference, which
+    ``rep`` then holds; returns their local values per batch for a corrective round (or None)."""
     if not st.layout.pivoted:
         return None
     ref = {REPLICA: reference(st, ctx)}
@@ -194,7 +191,7 @@ def _settle(st: Storage, p: Pending, snapshot: dict) -> None:
         old = b.gather(centre, (REPLICA,))
         b.scatter(centre, {k: torch.where(torch.isnan(v), old[k], v) for k, v in c.items()}, (REPLICA,))
     centre = centre[REPLICA]  # no data this interval: the reference stays
-    if bool(torch.stack(offs).any() if len(offs) > 1 else offs[0]):  # host read of values every rank holds: the same decision on every rank
+    if bool(torch.stack(offs).any()):  # a host read of values every rank holds: every rank decides alike
         parts = []
         for b, local in zip(batches(st), p.local):
             b.stat.adopt_replica(local, b.gather({REPLICA: centre}, (REPLICA,)))
