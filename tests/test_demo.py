@@ -5,7 +5,6 @@ No timing is asserted (the overhead figures are reported, not tested).
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -14,14 +13,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.example_loader import load_example
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _demo_module():
-    spec = importlib.util.spec_from_file_location("d9d_demo", ROOT / "examples" / "demo.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_example("demo.py", "d9d_demo")
 
 
 @pytest.mark.timeout(600)

@@ -3,7 +3,6 @@ numpy's, from the indices d9d's routers chose in the logging window."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import os
 import subprocess
@@ -13,17 +12,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.example_loader import load_example
+
 pytest.importorskip("d9d.module.block.moe")
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _example():
-    spec = importlib.util.spec_from_file_location("d9d_moe_task_example", ROOT / "examples" / "d9d_moe_task.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # its dataclass resolves annotations through sys.modules
-    spec.loader.exec_module(mod)
-    return mod
+    return load_example("d9d_moe_task.py", "d9d_moe_task_example")
 
 
 def _summary(load: np.ndarray) -> dict:

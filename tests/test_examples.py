@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -13,6 +12,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from tests.example_loader import load_example
+
 pytest.importorskip("d9d")
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -20,11 +21,7 @@ IGNORE = -100
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("d9d_task_example", ROOT / "examples" / "d9d_task.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # its dataclass resolves annotations through sys.modules
-    spec.loader.exec_module(mod)
-    return mod
+    return load_example("d9d_task.py", "d9d_task_example")
 
 
 def _reference(window: list[dict]) -> dict[str, torch.Tensor]:
