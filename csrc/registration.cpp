@@ -39,6 +39,13 @@ TORCH_LIBRARY(d9d_kernels, m) {
   m.def(
       "linear_logits_target(Tensor hidden, Tensor weight, Tensor? bias, Tensor target, int start, Tensor(a!) out) "
       "-> ()");
+  // Internal: moment sums re-expressed about new pivots in place, and their
+  // centres and off-centre flag, for B entries of [9] sums and [2] pivots (a
+  // sync's pivoted statistics in one call each), csrc/*/moments_pivot.*.
+  m.def("moments_recenter(Tensor(a!) moments, Tensor(b!) pivot, Tensor new_pivot) -> ()");
+  m.def(
+      "moments_center(Tensor moments, Tensor pivot, bool paired, float threshold, Tensor(a!) centre, "
+      "Tensor(b!) off) -> ()");
 }
 
 // Meta: each op's argument checks alone (csrc/kernels/*_checks.h, the ones the
@@ -97,6 +104,8 @@ void vocab_class_stats_meta(const at::Tensor&, const at::Tensor&, const OptTenso
                             const at::Tensor&, const at::Tensor&, const OptTensor&) {}
 void linear_logits_rows_meta(const at::Tensor&, const at::Tensor&, const OptTensor&, const at::Tensor&,
                              const at::Tensor&, int64_t, int64_t, std::optional<double>, bool, const at::Tensor&) {}
+void moments_recenter_meta(const at::Tensor&, const at::Tensor&, const at::Tensor&) {}
+void moments_center_meta(const at::Tensor&, const at::Tensor&, bool, double, const at::Tensor&, const at::Tensor&) {}
 void linear_logits_target_meta(const at::Tensor&, const at::Tensor&, const OptTensor&, const at::Tensor&, int64_t,
                                const at::Tensor&) {}
 
@@ -114,4 +123,6 @@ TORCH_LIBRARY_IMPL(d9d_kernels, Meta, m) {
   m.impl("vocab_class_stats", &d9d::vocab_class_stats_meta);
   m.impl("linear_logits_rows", &d9d::linear_logits_rows_meta);
   m.impl("linear_logits_target", &d9d::linear_logits_target_meta);
+  m.impl("moments_recenter", &d9d::moments_recenter_meta);
+  m.impl("moments_center", &d9d::moments_center_meta);
 }

@@ -42,6 +42,8 @@ __all__ = [
     "score_histogram",
     "running_extrema",
     "expert_histogram",
+    "moments_recenter",
+    "moments_center",
     "linear_logits",
     "linear_logits_combine",
     "LINEAR_ROWS",
@@ -156,6 +158,60 @@ def weighted_moments(
         s[7] = (wu * diff * diff).sum()
     s[8] = use.sum(dtype=torch.float64)
     state.add_(s)
+
+
+def moments_recenter(moments: torch.Tensor, pivot: torch.Tensor, new_pivot: torch.Tensor) -> None:
+    """Moment sums re-expressed about new pivots, in place (a sync's or a merge's step).
+
+    Args:
+        moments: float64 ``[B, MOMENTS_SIZE]`` (any leading dims), sums about ``pivot``.
+        pivot: float64 ``[B, 2]`` = (px, py), NaN = unset (the sums are about 0);
+            set to ``new_pivot`` on return.
+        new_pivot: float64 ``[B, 2]``, NaN = 0.
+
+    With ``d = old - new`` (pivots as ``torch.nan_to_num`` reads them):
+    ``sx' = sx + w dx``, ``sxx' = sxx + 2 dx sx + w dx^2`` (same for y),
+    ``sxy' = sxy + (dx sy + dy sx) + w dx dy``; ``w, sae, sse, n`` unchanged.
+    """
+    d = torch.nan_to_num(pivot, nan=0.0) - torch.nan_to_num(new_pivot, nan=0.0)
+    w, s = moments[..., :1], moments[..., 1:4:2]  # s: (sx, sy)
+    sxy = moments[..., 5] + (d[..., 0] * s[..., 1] + d[..., 1] * s[..., 0]) + w[..., 0] * d[..., 0] * d[..., 1]
+    moments[..., 2:5:2] += 2.0 * d * s + w * d * d
+    moments[..., 1:4:2] += w * d
+    moments[..., 5] = sxy
+    pivot.copy_(new_pivot)
+
+
+def moments_center(moments: torch.Tensor, pivot: torch.Tensor, paired: bool, threshold: float,
+                   centre: torch.Tensor, off: torch.Tensor) -> None:
+    """The centres moment sums are most precise about, and whether they are off-centre.
+
+    Args:
+        moments, pivot: as ``moments_recenter``'s (read only).
+        paired: the y component is data too (else only x is centred).
+        threshold: ulps lost to the pivot above which a component is off-centre.
+        centre: float64 ``[B, 2]``: per component the weighted mean
+            ``p + d`` (``d = s / w``), written where ``w > 0`` and it is
+            finite; left as is elsewhere.
+        off: bool ``[1]``: set to True if a written component's sums about
+            the pivot lost more than ``threshold`` ulps that sums about the
+            mean keep: ``(|d| + |p|) / (|mean| + std)``, and with ``paired``
+            also ``d^2 / (var + (p 2^-40)^2)``; never cleared.
+    """
+    p = torch.nan_to_num(pivot, nan=0.0)
+    w = moments[..., :1]
+    d = moments[..., 1:4:2] / w
+    var = moments[..., 2:5:2] / w - d * d
+    var = torch.where(var < 0, 0.0, var)  # cancellation can leave it below 0; NaN stays NaN
+    mean = p + d
+    lost = (d.abs() + p.abs()) / (mean.abs() + var.sqrt())
+    if paired:
+        lost = torch.maximum(lost, d * d / (var + (p * 2.0**-40) ** 2))
+    keep = (w > 0) & torch.isfinite(mean)
+    if not paired:
+        keep = keep & torch.tensor([True, False], device=keep.device)
+    centre.copy_(torch.where(keep, mean, centre))
+    off.logical_or_((keep & (lost > threshold)).any().reshape(1))
 
 
 def valid_score_rows(scores: torch.Tensor) -> torch.Tensor:

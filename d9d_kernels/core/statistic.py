@@ -202,9 +202,10 @@ class Statistic:
     #: the slots ``adopt_replica`` re-expresses (a sync moves only these); () = every slot
     recentred = ()
 
-    def center(self, state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-        """``(replica, off)``: the REPLICA values ``state``'s sums are most precise
-        about (NaN: no data) and a 0-d bool, whether sums about the current ones
-        lost precision (a sync's corrective round). Default: its own, never off."""
-        rep = {s.name: state[s.name] for s in self.slots() if s.kind == REPLICA}
-        return rep, torch.zeros((), dtype=torch.bool, device=next(iter(rep.values())).device)
+    def center(self, state: dict[str, torch.Tensor], centre: dict[str, torch.Tensor], off: torch.Tensor) -> None:
+        """Writes into ``centre`` (REPLICA views) the values ``state``'s sums are
+        most precise about, where it has data (left as is elsewhere), and sets
+        ``off`` (bool ``[1]``) when sums about the current ones lost precision
+        (a sync's corrective round). Torch ops only. Default: its own, never off."""
+        for k, v in centre.items():
+            v.copy_(state[k])

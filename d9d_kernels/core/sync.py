@@ -50,6 +50,7 @@ class SyncState:
         self.handshakes: set = set() if handshakes is None else handshakes
         self.references: dict[tuple, torch.Tensor] = {} if references is None else references
         self.batches: list | None = None  # sync.batches: the pivoted statistics' index tensors
+        self.off: torch.Tensor | None = None  # _settle's off-centre flag, False between syncs
 
     def copied(self, device: torch.device) -> "SyncState":  # what outlives a move or a clone
         return SyncState(set(self.handshakes), {k: v.to(device, copy=True) for k, v in self.references.items()})
@@ -112,8 +113,8 @@ def trigger(st: Storage, ctx) -> None:
 class Batch:
     """The pivoted statistics of one schema, read and written together: per
     slot, the range (adjacent statistics) or index of its values in its
-    buffer, so ``adopt_replica`` and ``center`` (which take leading dims)
-    run once for all of them. ``gather`` gives views where it can."""
+    buffer, so ``adopt_replica`` and ``center`` (which take leading dims;
+    for moments, one op each) run once for all of them. ``gather`` gives views where it can."""
 
     def __init__(self, layout, js: list[int], device: torch.device):
         self.stat = layout.stats[js[0]]
@@ -179,22 +180,21 @@ def reference(st: Storage, ctx) -> torch.Tensor:
 
 
 def _settle(st: Storage, p: Pending, snapshot: dict) -> None:
-    """After the sum: the corrective round when any pivoted statistic's
-    synced sums are off-centre (every rank reads the same synced values, so
-    every rank decides alike), then the reference moves to the synced centre."""
-    ref = reference(st, p.ctx)
-    centre = {REPLICA: ref.clone()}
-    offs = []
+    """After the sum: the reference moves to the synced values' centre (it
+    stays where an interval had no data); when any pivoted statistic's synced
+    sums are off-centre, the corrective round. Every rank reads the same
+    synced values, so every rank decides alike."""
+    ref = {REPLICA: reference(st, p.ctx)}
+    off = st.sync.off = torch.zeros(1, dtype=torch.bool, device=st.device) if st.sync.off is None else st.sync.off
     for b in batches(st):
-        c, off = b.stat.center(b.gather(snapshot))
-        offs.append(off.reshape(()))
-        old = b.gather(centre, (REPLICA,))
-        b.scatter(centre, {k: torch.where(torch.isnan(v), old[k], v) for k, v in c.items()}, (REPLICA,))
-    centre = centre[REPLICA]  # no data this interval: the reference stays
-    if bool(torch.stack(offs).any()):  # a host read of values every rank holds: every rank decides alike
+        centre = b.gather(ref, (REPLICA,))
+        b.stat.center(b.gather(snapshot), centre, off)
+        b.scatter(ref, centre, (REPLICA,))
+    if bool(off):  # a host read of values every rank holds: every rank decides alike
+        off.zero_()  # (kept False between syncs: no zeroing in a steady one)
         parts = []
         for b, local in zip(batches(st), p.local):
-            b.stat.adopt_replica(local, b.gather({REPLICA: centre}, (REPLICA,)))
+            b.stat.adopt_replica(local, b.gather(ref, (REPLICA,)))
             parts += [local[n].reshape(-1) for n, k, _, _ in b.slots if k == SUM]
         buf = torch.cat(parts)
         p.ctx.all_reduce(buf, "sum").wait()
@@ -205,7 +205,6 @@ def _settle(st: Storage, p: Pending, snapshot: dict) -> None:
                     local[n] = buf[pos : pos + local[n].numel()].view(shape)
                     pos += local[n].numel()
             b.scatter(snapshot, local)
-    ref.copy_(centre)
 
 
 def _world_rank(st: Storage, ctx) -> tuple[int, int]:

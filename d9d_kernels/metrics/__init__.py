@@ -1,9 +1,9 @@
 """The metric catalogue, built on ``d9d_kernels.core``."""
 
 from d9d_kernels.metrics.aggregation import MaxMetric, MinMetric, SumMetric, WeightedMeanMetric
-from d9d_kernels.metrics.moments import ExtremaStatistic, MomentsStatistic, recenter_moments
+from d9d_kernels.metrics.moments import ExtremaStatistic, MomentsStatistic
 
 __all__ = [
-    "MomentsStatistic", "ExtremaStatistic", "recenter_moments",
+    "MomentsStatistic", "ExtremaStatistic",
     "SumMetric", "WeightedMeanMetric", "MaxMetric", "MinMetric",
 ]

@@ -9,8 +9,8 @@ backs MaxMetric / MinMetric.
 Pivots: the op sets an unset pivot from the first valid element, so sums are
 about a value near the data (exact variances for ``1e6 + noise``). Ranks (or
 saved checkpoint states) may hold different pivots; before their sums are
-added they are re-centred to one pivot with ``recenter_moments`` (exact shift
-formulas). The first distributed sync adopts, per component, the pivot of
+added they are re-centred to one pivot with ``ops.moments_recenter`` (exact
+shift formulas). The first distributed sync adopts, per component, the pivot of
 the lowest rank that has one; it then stays fixed (``reset`` keeps it).
 """
 
@@ -22,28 +22,11 @@ from collections.abc import Mapping
 import torch
 
 from d9d_kernels import ops
+from d9d_kernels.ops.moments_pivot import moments_center, moments_recenter
 from d9d_kernels.core.statistic import MAX, REPLICA, SUM, Slot, Statistic, param, statistic
 from d9d_kernels.reference import MOMENTS_SIZE
 
-__all__ = ["Moments", "MomentsStatistic", "OutputMomentsStatistic", "ExtremaStatistic", "recenter_moments", "first_set"]
-
-
-def recenter_moments(moments: torch.Tensor, old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
-    """Moments about pivot ``old`` (float64 [..., 2] = px, py) re-expressed about ``new``.
-
-    Unset (NaN) pivots mean 0 (what the op used). With ``d = old - new``:
-    ``sx' = sx + w dx``, ``sxx' = sxx + 2 dx sx + w dx^2`` (same for y),
-    ``sxy' = sxy + dx sy + dy sx + w dx dy``; ``w, sae, sse, n`` unchanged.
-    Leading dims: one moment vector per output. Torch ops only (no host
-    sync). Returns a new [..., 9] tensor.
-    """
-    d = torch.nan_to_num(old, nan=0.0) - torch.nan_to_num(new, nan=0.0)
-    w, s = moments[..., :1], moments[..., 1:4:2]  # s: (sx, sy)
-    out = moments.clone()
-    out[..., 1:4:2] = s + w * d
-    out[..., 2:5:2] = moments[..., 2:5:2] + 2 * d * s + w * d * d
-    out[..., 5] = moments[..., 5] + (d * s.flip(-1)).sum(-1) + w[..., 0] * d[..., 0] * d[..., 1]
-    return out
+__all__ = ["Moments", "MomentsStatistic", "OutputMomentsStatistic", "ExtremaStatistic", "first_set"]
 
 
 def as_tensor(v, device: torch.device, like: torch.Tensor | None = None) -> torch.Tensor:
@@ -213,32 +196,17 @@ class MomentsStatistic(Shareable):
     recentred = ("moments", "pivot")
 
     def adopt_replica(self, state, replica) -> None:
-        new = replica["pivot"]
-        state["moments"].copy_(recenter_moments(state["moments"], state["pivot"], new))
-        state["pivot"].copy_(new)
+        moments_recenter(state["moments"], state["pivot"], replica["pivot"])
 
-    def center(self, state):
-        """``({"pivot": the data's mean}, off)``: per component the pivot plus
-        the weighted mean offset ``d`` (NaN without data, and for ``y`` when
-        not paired); ``off`` when sums about the pivot lose more than
-        ``OFF_CENTER`` ulps that sums about the mean keep: for the mean,
-        ``(|d| + |pivot|) / (|mean| + std)``; with ``paired`` (regression
-        reads central second moments) also ``d² / var`` (a floor of ``2**-40``
-        of the pivot in ``var`` absorbs the rounding of a centre re-picked on
-        constant data)."""
-        m = state["moments"]
-        p = torch.nan_to_num(state["pivot"], nan=0.0)
-        w = m[..., :1]
-        d = m[..., 1:4:2] / w  # (x, y)
-        var = (m[..., 2:5:2] / w - d * d).clamp(min=0)  # cancellation can leave it below 0: all lost
-        mean = p + d
-        lost = (d.abs() + p.abs()) / (mean.abs() + var.sqrt())
-        if self.paired:
-            lost = torch.maximum(lost, d * d / (var + (p * 2.0**-40) ** 2))
-        keep = (w > 0) & torch.isfinite(mean)
-        if not self.paired:
-            keep = keep & torch.tensor([True, False], device=keep.device)
-        return {"pivot": torch.where(keep, mean, float("nan"))}, (keep & (lost > OFF_CENTER)).any()
+    def center(self, state, centre, off) -> None:
+        """Per component the data's mean (``y`` only when ``paired``) where
+        there is data; ``off`` when sums about the pivot lose more than
+        ``OFF_CENTER`` ulps that sums about the mean keep
+        (``reference.moments_center``): for the mean, ``(|d| + |pivot|) /
+        (|mean| + std)``; with ``paired`` (regression reads central second
+        moments) also ``d² / var`` (a floor of ``2**-40`` of the pivot in
+        ``var`` absorbs the rounding of a centre re-picked on constant data)."""
+        moments_center(state["moments"], state["pivot"], self.paired, OFF_CENTER, centre["pivot"], off)
 
 
 #: ulps lost to an off-centre pivot above which a sync re-sums pivoted moments about their mean

@@ -119,25 +119,6 @@ def test_metadata_errors_raise_immediately_and_leave_state():
     assert m.compute().item() == 2.0
 
 
-def test_recenter_moments_matches_direct_sums():
-    from d9d_kernels.metrics.moments import recenter_moments
-
-    g = torch.Generator().manual_seed(3)
-    x = torch.randn(50, generator=g, dtype=torch.float64) + 3.0
-    y = torch.randn(50, generator=g, dtype=torch.float64) - 2.0
-    w = torch.rand(50, generator=g, dtype=torch.float64)
-
-    def sums(px, py):
-        dx, dy = x - px, y - py
-        return torch.stack([w.sum(), (w * dx).sum(), (w * dx * dx).sum(), (w * dy).sum(), (w * dy * dy).sum(),
-                            (w * dx * dy).sum(), (w * (x - y).abs()).sum(), (w * (x - y) ** 2).sum(),
-                            torch.tensor(50.0, dtype=torch.float64)])
-
-    old, new = torch.tensor([2.5, -1.0], dtype=torch.float64), torch.tensor([4.0, float("nan")], dtype=torch.float64)
-    got = recenter_moments(sums(2.5, -1.0), old, new)
-    assert torch.allclose(got, sums(4.0, 0.0), rtol=1e-12, atol=1e-10)  # NaN pivot = 0
-
-
 def test_weighted_mean_zero_weight_sum_is_nan_and_forward_matches_numpy():
     m = dk.WeightedMeanMetric()
     x = np.array([1.0, 2.0, 5.0])

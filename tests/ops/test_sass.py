@@ -51,7 +51,8 @@ ONE_PASS = ("scores_warp_kernel", "scores_block_kernel")
 # the same, a thread per row (<= 32 classes, class-strided rows): scalar loads by design
 THREAD_ROWS = ("scores_thread_kernel",)
 OURS = ONE_D + ENTRIES + ONE_PASS + THREAD_ROWS + ("any_logit_kernel", "any_logit_rows_kernel", "rows_kernel", "set_pivot_kernel",
-                                     "scores_kernel", "indices_kernel", "expert_load_kernel", "expert_gate_kernel")
+                                     "scores_kernel", "indices_kernel", "expert_load_kernel", "expert_gate_kernel",
+                                     "recenter_kernel", "center_kernel")
 # log2(e) as a float64 (high word): every float64 exp loads it.
 F64_LOG2E = "0x3ff71547"
 
