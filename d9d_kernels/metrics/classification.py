@@ -93,6 +93,9 @@ class _Classification(Metric):
     #: F-beta, Jaccard); Accuracy and Specificity take it and ignore it, as there
     _uses_zero_division = False
     _takes_zero_division = True
+    #: multiclass ``top_k > 1`` counts torchmetrics' one prediction per row (the target when it is in the
+    #: row's top-k, else the top-1 class: ``RefinedTopKStatistic``), not every top-k class as predicted
+    _one_prediction_per_row = False
 
     def __init__(
         self,
@@ -149,17 +152,19 @@ class _Classification(Metric):
         self.multidim_average = multidim_average
         self.class_dim = class_dim
         self.zero_division = zero_division
-        self.__class__ = self._variant()
+        if self._top_k_by_row and multidim_average == "samplewise":
+            A.fail(name, "multidim_average", f"='samplewise' is not supported with top_k > 1, got top_k={top_k}")
 
-    def _variant(self) -> type:
-        """The class this instance computes with: ``type(self)``, or a private
-        subclass holding torchmetrics' rule for these arguments (its own
-        statistic or formula, e.g. ``top_k > 1`` Specificity)."""
-        return type(self)
+    @property
+    def _top_k_by_row(self) -> bool:
+        """Whether this instance counts one prediction per row (``_one_prediction_per_row``, multiclass, top_k > 1)."""
+        return self._one_prediction_per_row and self.task == "multiclass" and self.top_k > 1
 
     # -- statistics ---------------------------------------------------------
 
     def _statistic(self):
+        if self._top_k_by_row:
+            return RefinedTopKStatistic(self.num_classes, self.ignore_index, k=self.top_k, inputs=INPUTS)
         if self.multidim_average == "samplewise":
             size = self.num_classes if self.task == "multiclass" else self.num_labels
             shape = (size,) if self.task != "binary" and self.average == "none" else ()
@@ -260,6 +265,8 @@ class _Classification(Metric):
         """Metadata checks of a vocab-sharded update (this rank's own; ``resolve`` checks across tp)."""
         name = type(self).__name__
         A.check(self.task == "multiclass", name, "vocab", f"needs task='multiclass', got task={self.task!r}")
+        A.check(not self._top_k_by_row, name, "vocab",
+                f"is not supported with top_k > 1 (the rows' top-k is not per shard), got top_k={self.top_k}")
         A.check(self.multidim_average == "global", name, "vocab",
                 f"needs multidim_average='global', got {self.multidim_average!r}")
         A.check_preds_target(name, preds, target)
@@ -403,37 +410,11 @@ class Specificity(_Classification):
     (``RefinedTopKStatistic``).
     """
 
-    def _variant(self) -> type:
-        if self.task != "multiclass" or self.top_k == 1:
-            return type(self)
-        if self.multidim_average == "samplewise":
-            A.fail("Specificity", "multidim_average", "='samplewise' is not supported with top_k > 1, got "
-                   f"top_k={self.top_k}")
-        return _TopKSpecificity
+    _one_prediction_per_row = True
 
     def _formula(self, tp, fp, tn, fn, average, multilabel, top_k):
-        return F.specificity(tp, fp, tn, fn, average, multilabel, top_k)
-
-
-class _TopKSpecificity(Specificity):
-    """Multiclass Specificity with ``top_k > 1``: ``top_k=1`` counts of
-    torchmetrics' one prediction per row, averaged as torchmetrics averages
-    specificity (its ``top_k`` does not reach the average: macro leaves out
-    only classes absent from both target and predictions)."""
-
-    def _statistic(self):
-        return RefinedTopKStatistic(self.num_classes, self.ignore_index, k=self.top_k, inputs=INPUTS)
-
-    def _update_linear(self, preds, target, mask, vocab) -> None:
-        A.fail("Specificity", "preds", f"is a dk.LinearLogits, which needs top_k=1 for Specificity (top_k > 1 "
-               f"counts one prediction per row from every logit), got top_k={self.top_k}; LinearLogits is taken by: "
-               f"{TAKEN_BY}")
-
-    def _check_vocab(self, preds, target, mask):
-        A.fail("Specificity", "vocab", f"is not supported with top_k > 1 (the rows' top-k is not per shard), "
-               f"got top_k={self.top_k}")
-
-    def _formula(self, tp, fp, tn, fn, average, multilabel, top_k):
+        # top_k=1: the counts of top_k > 1 are already one prediction per row, and torchmetrics' average
+        # takes no top_k there (macro leaves out only classes absent from both target and predictions)
         return F.specificity(tp, fp, tn, fn, average, multilabel, 1)
 
 
@@ -450,40 +431,21 @@ class JaccardIndex(_Classification):
     _has_multidim_average = False
     _uses_zero_division = True
 
-    def _variant(self) -> type:
-        i = self.ignore_index
-        inside = self.task == "multiclass" and i is not None and 0 <= i < self.num_classes
-        return _JaccardIgnoredClass if inside else type(self)
-
     def _formula(self, tp, fp, tn, fn, average, multilabel, top_k):
-        return F.jaccard(tp, fp, tn, fn, average, multilabel, top_k, self.zero_division)
-
-
-class _JaccardIgnoredClass(JaccardIndex):
-    """Multiclass JaccardIndex whose ``ignore_index`` is a class: its rows are
-    dropped, and the rows predicting it belong to no union (its false
-    positives are zeroed), so it leaves the micro sums and the macro mean, as
-    in torchmetrics. In ``"none"`` it scores ``0 / fp`` as there: 0.0 where it
-    was predicted, else ``zero_division``."""
-
-    def _formula(self, tp, fp, tn, fn, average, multilabel, top_k):
-        zd = self.zero_division
-        i = self.ignore_index
+        zd, i = self.zero_division, self.ignore_index
+        if self.task != "multiclass" or i is None or not 0 <= i < self.num_classes or average == "none":
+            return F.jaccard(tp, fp, tn, fn, average, multilabel, top_k, zd)
+        # ignore_index is a class: its rows are dropped, and the rows predicting it belong to no union (its
+        # false positives are zeroed), so it leaves the micro sums and the macro mean, as in torchmetrics;
+        # in "none" it scores 0 / fp as there (0.0 where it was predicted, else zero_division)
         fp_out = fp.clone()
         fp_out[..., i] = 0.0
-        if average == "none":
-            return F.jaccard(tp, fp, tn, fn, average, multilabel, top_k, zd)
         if average == "micro" or zd == 0.0:
             return F.jaccard(tp, fp_out, tn, fn, average, multilabel, top_k, zd)
         # macro / weighted: the class's weight is 0, but a NaN score of it (zero_division=NaN) still
         # reaches the weighted sum, as torchmetrics' ``(weights * jaccard / weights.sum()).sum()``
         score = F.jaccard(tp, fp, tn, fn, "none", multilabel, top_k, zd)
         return F._average(score, tp, fp_out, fn, average, multilabel, top_k)
-
-
-# the public names in error messages and group labels (``type(m).__name__``)
-_TopKSpecificity.__name__ = "Specificity"
-_JaccardIgnoredClass.__name__ = "JaccardIndex"
 
 
 class _ConfmatMetric(_Classification):

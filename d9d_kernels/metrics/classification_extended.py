@@ -19,7 +19,6 @@ import torch
 
 from d9d_kernels.core.statistic import SUM, Slot, optional_int, param, statistic
 from d9d_kernels.metrics import _args as A
-from d9d_kernels.metrics.class_stats import RefinedTopKStatistic
 from d9d_kernels.metrics.classification import _Classification
 from d9d_kernels.metrics.formulas import classification as F
 from d9d_kernels.metrics.labelled import BAD, INPUTS, LabelledStatistic
@@ -34,29 +33,10 @@ def _check_average(average: str) -> None:
         raise ValueError(f"average must be one of {F.AVERAGES}, got {average!r}")
 
 
-class _RefinedTopK(_Classification):
-    """Multiclass ``top_k > 1`` through torchmetrics' one prediction per row."""
-
-    def _variant(self) -> type:
-        if self.task != "multiclass" or self.top_k == 1:
-            return type(self)
-        name = type(self).__name__
-        if self.multidim_average == "samplewise":
-            A.fail(name, "multidim_average", f"='samplewise' is not supported with top_k > 1, got top_k={self.top_k}")
-        return _REFINED[type(self)]
-
-    def _refined_statistic(self):
-        return RefinedTopKStatistic(self.num_classes, self.ignore_index, k=self.top_k, inputs=INPUTS)
-
-    def _refused_vocab(self, preds, target, mask):
-        A.fail(type(self).__name__, "vocab", f"is not supported with top_k > 1 (the rows' top-k is not per shard), "
-               f"got top_k={self.top_k}")
-
-
 STAT_SCORES_AVERAGES = ("micro", "macro", "weighted", "none")
 
 
-class StatScores(_RefinedTopK):
+class StatScores(_Classification):
     """``[tp, fp, tn, fn, support]`` (torchmetrics ``StatScores``; support =
     ``tp + fn``): binary ``[5]``; multiclass / multilabel reduced over the
     classes by ``average`` — ``"micro"`` (default) sums, ``"macro"`` the mean
@@ -72,6 +52,8 @@ class StatScores(_RefinedTopK):
         >>> m.compute().long().tolist()
         [[1, 0, 2, 1, 2], [1, 1, 2, 0, 1], [1, 0, 3, 0, 1]]
     """
+
+    _one_prediction_per_row = True
 
     def _statistic(self):
         if self.multidim_average == "samplewise":
@@ -95,7 +77,7 @@ class StatScores(_RefinedTopK):
         return res
 
 
-class HammingDistance(_RefinedTopK):
+class HammingDistance(_Classification):
     """Hamming distance (loss): the fraction of wrong labels, ``1 - accuracy``
     per class / label before averaging (torchmetrics ``HammingDistance``;
     sklearn ``hamming_loss`` for binary / multilabel micro).
@@ -108,6 +90,8 @@ class HammingDistance(_RefinedTopK):
         0.3333
     """
 
+    _one_prediction_per_row = True
+
     def _formula(self, tp, fp, tn, fn, average, multilabel, top_k):
         _check_average(average)
         if average == "micro":
@@ -119,7 +103,7 @@ class HammingDistance(_RefinedTopK):
         return F._average(score, tp, fp, fn, average, multilabel, 1)
 
 
-class NegativePredictiveValue(_RefinedTopK):
+class NegativePredictiveValue(_Classification):
     """Negative predictive value ``tn / (tn + fn)`` (torchmetrics
     ``NegativePredictiveValue``), averaged as precision is.
 
@@ -134,6 +118,7 @@ class NegativePredictiveValue(_RefinedTopK):
         0.5
     """
 
+    _one_prediction_per_row = True
     _uses_zero_division = True
 
     def _formula(self, tp, fp, tn, fn, average, multilabel, top_k):
@@ -142,20 +127,6 @@ class NegativePredictiveValue(_RefinedTopK):
         if average == "micro":
             return F.safe_div(tn.sum(-1), (tn + fn).sum(-1), zd)
         return F._average(F.safe_div(tn, tn + fn, zd), tp, fp, fn, average, multilabel, top_k)
-
-
-def _refined(cls: type) -> type:
-    sub = type(f"_TopK{cls.__name__}", (cls,), {
-        "_statistic": _RefinedTopK._refined_statistic,
-        "_check_vocab": _RefinedTopK._refused_vocab,
-        "_variant": lambda self: type(self),
-        "__module__": __name__,
-    })
-    sub.__name__ = cls.__name__  # the public name in error messages and group labels
-    return sub
-
-
-_REFINED = {c: _refined(c) for c in (StatScores, HammingDistance, NegativePredictiveValue)}
 
 
 # -- ExactMatch ------------------------------------------------------------------

@@ -12,17 +12,19 @@
   ``y = log1p(target)``), ``WeightedMeanAbsolutePercentageError``
   (``x = |preds - target|``, ``y = |target|``), ``CriticalSuccessIndex``
   (``x`` = hit, ``y`` = hit or miss or false alarm, 0/1 per element).
-* Weighted means (or sums) of a per-element value (``ValueMean``):
-  ``LogCoshError``, ``MinkowskiDistance``, ``TweedieDevianceScore``.
+* Weighted means (or sums) of a per-element value (``PairValueMean``, as
+  MAPE / SMAPE): ``LogCoshError``, ``MinkowskiDistance``, ``TweedieDevianceScore``.
 
 ``update(preds, target, weights=None, mask=None)`` as the regression
 family: equal shapes; ``weights`` (scikit-learn's ``sample_weight``;
 torchmetrics has none) and ``mask`` broadcastable to ``preds``.
 ``CriticalSuccessIndex.update(preds, target, mask=None)`` (counts: no weights).
 
-No data (nothing updated, everything masked): 0.0, as the rest of the
-regression catalogue (torchmetrics gives NaN for most of these, 0.0 for
-WMAPE, Minkowski and CSI). Other degenerate cases are named per class.
+No data (nothing updated, everything masked): the moments-based metrics
+give 0.0, as the rest of the regression catalogue (torchmetrics: NaN, but
+0.0 for WMAPE and CSI); the per-element means follow ``ValueMean``'s rule,
+torchmetrics' values: NaN for a mean (LogCoshError, TweedieDevianceScore),
+0.0 for MinkowskiDistance (a sum). Other degenerate cases are named per class.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from d9d_kernels.metrics import _args as A
 from d9d_kernels.metrics.formulas import regression as G
 from d9d_kernels.metrics.formulas.classification import safe_div
 from d9d_kernels.metrics.moments import MomentsStatistic, OutputMomentsStatistic, Shareable
+from d9d_kernels.metrics.value_mean import PairValueMean, common_float
 
 __all__ = [
     "MeanSquaredLogError",
@@ -61,13 +64,6 @@ RSE_EPSILON = float(torch.finfo(torch.float32).eps)
 def _float(t: torch.Tensor) -> torch.Tensor:
     """``t`` in its floating dtype; integers and bools as float64."""
     return t if t.is_floating_point() else t.to(torch.float64)
-
-
-def _common_float(p: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    dtype = torch.promote_types(p.dtype, t.dtype)
-    if not dtype.is_floating_point:
-        dtype = torch.float64
-    return p.to(dtype), t.to(dtype)
 
 
 @statistic
@@ -129,16 +125,8 @@ class _Pairs(Metric):
         self._add(preds, target, weights, mask)
 
     def _check_outputs(self, shape: tuple[int, ...]) -> None:
-        if not self._num_outputs_arg:
-            return
-        M, name = self.num_outputs, type(self).__name__
-        if M == 1:
-            if len(shape) == 2 and shape[1] != 1:
-                A.fail(name, "num_outputs", f"is 1 but preds and target of shape {shape} have {shape[1]} columns: "
-                       f"pass num_outputs={shape[1]} for a value per column (torchmetrics), or flatten them to pool")
-        else:
-            A.check(len(shape) == 2 and shape[1] == M, name, "preds",
-                    f"must be [N, {M}] (num_outputs={M}), got shape {shape}")
+        if self._num_outputs_arg:
+            check_outputs(type(self).__name__, self.num_outputs, shape)
 
     def _moments(self, shared: bool, paired: bool = True) -> Statistic:
         if self.num_outputs == 1:
@@ -148,6 +136,17 @@ class _Pairs(Metric):
 
     def _squeeze(self, v: torch.Tensor) -> torch.Tensor:
         return v.reshape(()) if self.num_outputs == 1 and v.numel() == 1 else v
+
+
+def check_outputs(name: str, M: int, shape: tuple[int, ...]) -> None:
+    """Raises where inputs of ``shape`` do not fit ``num_outputs=M`` (named after ``name``)."""
+    if M == 1:
+        if len(shape) == 2 and shape[1] != 1:
+            A.fail(name, "num_outputs", f"is 1 but preds and target of shape {shape} have {shape[1]} columns: "
+                   f"pass num_outputs={shape[1]} for a value per column (torchmetrics), or flatten them to pool")
+    else:
+        A.check(len(shape) == 2 and shape[1] == M, name, "preds",
+                f"must be [N, {M}] (num_outputs={M}), got shape {shape}")
 
 
 # -- on the shared regression moments ------------------------------------------
@@ -321,7 +320,7 @@ class MeanSquaredLogError(_OwnMoments):
         super().__init__(nan_strategy=nan_strategy)
 
     def _add(self, preds, target, weights, mask):
-        p, t = _common_float(preds, target)
+        p, t = common_float(preds, target)
         self._feed({"m": dict(x=torch.log1p(p), y=torch.log1p(t), weights=weights, mask=mask)})
 
     def _compute(self, states):
@@ -344,7 +343,7 @@ class WeightedMeanAbsolutePercentageError(_OwnMoments):
         super().__init__(nan_strategy=nan_strategy)
 
     def _add(self, preds, target, weights, mask):
-        p, t = _common_float(preds, target)
+        p, t = common_float(preds, target)
         self._feed({"m": dict(x=(p - t).abs_(), y=t.abs(), weights=weights, mask=mask)})
 
     def _compute(self, states):
@@ -400,27 +399,7 @@ class CriticalSuccessIndex(_OwnMoments):
 # -- weighted means of a per-element value -------------------------------------------
 
 
-class _ElementMean(_Pairs):
-    """``Σw·v / Σw`` (``reduction = "mean"``) or ``Σw·v`` of a per-element value
-    ``v = _value(preds, target)``, per column with ``num_outputs``."""
-
-    reduction = "mean"
-
-    def _statistics(self):
-        return {"m": self._moments(shared=False, paired=False)}
-
-    def _add(self, preds, target, weights, mask):
-        p, t = _common_float(preds, target)
-        self._feed({"m": dict(x=self._value(p, t), weights=weights, mask=mask)})
-
-    def _total(self, s) -> torch.Tensor:
-        w, total = s["weight"], s["sum_x"]
-        if self.reduction == "sum":
-            return total
-        return safe_div(total, w)
-
-
-class LogCoshError(_ElementMean):
+class LogCoshError(PairValueMean):
     """Mean of ``log(cosh(x - y))`` (torchmetrics ``LogCoshError``);
     ``num_outputs=M``: ``[M]`` per column of ``[N, M]`` inputs.
 
@@ -436,21 +415,21 @@ class LogCoshError(_ElementMean):
         0.3523
     """
 
-    _num_outputs_arg = True
-
     def __init__(self, num_outputs: int = 1, nan_strategy: str = "propagate"):
-        super().__init__(nan_strategy=nan_strategy, num_outputs=num_outputs)
+        super().__init__(nan_strategy=nan_strategy)
+        A.check_int("LogCoshError", "num_outputs", num_outputs)
+        self.num_outputs = num_outputs
+
+    def _check_outputs(self, shape):
+        check_outputs("LogCoshError", self.num_outputs, shape)
 
     @staticmethod
     def _value(p, t):
         d = (p - t).abs_()
         return d + torch.log1p(torch.exp(-2.0 * d)) - 0.6931471805599453
 
-    def _compute(self, states):
-        return self._squeeze(self._total(states["m"]))
 
-
-class MinkowskiDistance(_ElementMean):
+class MinkowskiDistance(PairValueMean):
     """``(Σw |x - y|^p)^(1/p)`` (torchmetrics ``MinkowskiDistance``; scipy
     ``distance.minkowski(..., w=weights)``), ``p >= 1``.
 
@@ -475,10 +454,10 @@ class MinkowskiDistance(_ElementMean):
         return (p - t).abs_().pow_(float(self.p))
 
     def _compute(self, states):
-        return torch.pow(self._total(states["m"]), 1.0 / float(self.p))
+        return torch.pow(super()._compute(states), 1.0 / float(self.p))
 
 
-class TweedieDevianceScore(_ElementMean):
+class TweedieDevianceScore(PairValueMean):
     """Mean Tweedie deviance of power ``power`` (torchmetrics
     ``TweedieDevianceScore``, sklearn ``mean_tweedie_deviance``): 0 normal
     (squared error), 1 Poisson, 2 Gamma, other ``p <= 0`` or ``p >= 1``
@@ -531,6 +510,3 @@ class TweedieDevianceScore(_ElementMean):
             t3 = torch.pow(p, 2.0 - pw) / (2.0 - pw)
             dev = 2.0 * (t1 - t2 + t3)
         return torch.where(ok, dev, torch.full_like(dev, float("nan")))
-
-    def _compute(self, states):
-        return self._total(states["m"])

@@ -102,9 +102,14 @@ _CLASSIFICATION = ["Accuracy", "Precision", "Recall", "F1Score", "Specificity", 
 
 
 def _cases() -> dict:
-    """{id: (factory, inputs)} over every exported metric class, plus the private
-    variants some arguments select (``_variant``) and torchmetrics arguments."""
+    """{id: (factory, inputs)} over every exported metric class, plus the counting or
+    formula some arguments select (multiclass top_k > 1, JaccardIndex's ignored class)
+    and torchmetrics arguments."""
     cases = {}
+    for name in ["StatScores", "HammingDistance", "NegativePredictiveValue"]:
+        cls = getattr(dk, name)
+        cases[f"{name}-multiclass"] = (lambda cls=cls: cls(task="multiclass", num_classes=C), _mc)
+        cases[f"{name}-top2"] = (lambda cls=cls: cls(task="multiclass", num_classes=C, top_k=2), _mc)
     for name in _CLASSIFICATION:
         cls = getattr(dk, name)
         cases[f"{name}-multiclass"] = (lambda cls=cls: cls(task="multiclass", num_classes=C), _mc)

@@ -399,3 +399,38 @@ def test_input_layouts():
     f.update(torch.tensor([0.5, 1.0]), torch.tensor([0, 1]))  # non-integral class index: bad, counted
     with pytest.raises(ValueError, match="1 invalid"):
         f.compute()
+
+
+#: configurations whose counting or formula an argument selects (multiclass top_k > 1: one prediction per
+#: row; JaccardIndex's ignore_index of a class), each with the plain configuration of the same class
+SELECTED = [
+    (dk.Specificity, {"top_k": 2}),
+    (dk.StatScores, {"top_k": 2}),
+    (dk.HammingDistance, {"top_k": 2}),
+    (dk.NegativePredictiveValue, {"top_k": 2}),
+    (dk.JaccardIndex, {"ignore_index": 1}),
+]
+
+
+@pytest.mark.parametrize("cls,kw", SELECTED, ids=[f"{c.__name__}-{next(iter(k))}" for c, k in SELECTED])
+def test_argument_selected_configurations_are_the_public_class(cls, kw):
+    """The instance is the public class itself, through pickle, deepcopy, clone and a group,
+    and a merge / load across configurations says which state differs (not the class)."""
+    import copy
+    import pickle
+
+    C = 4
+    m = cls(task="multiclass", num_classes=C, **kw)
+    assert type(m) is cls
+    for c in (pickle.loads(pickle.dumps(m)), copy.deepcopy(m), m.clone()):
+        assert type(c) is cls
+    g = dk.MetricGroup({"m": cls(task="multiclass", num_classes=C, **kw)})
+    assert type(g["m"]) is cls
+    assert type(pickle.loads(pickle.dumps(g))["m"]) is cls
+    plain = cls(task="multiclass", num_classes=C)
+    with pytest.raises(ValueError, match=rf"^{cls.__name__}\.merge_state: state 'stats' differs"):
+        m.merge_state(plain)
+    with pytest.raises(ValueError, match=rf"^{cls.__name__}\.load_state_dict: checkpoint schema"):
+        m.load_state_dict(plain.state_dict())
+    with pytest.raises(ValueError, match=rf"^{cls.__name__}\.merge_state: expected a {cls.__name__}, got Accuracy"):
+        m.merge_state(dk.Accuracy(task="multiclass", num_classes=C))
