@@ -89,7 +89,7 @@ def trigger(st: Storage, ctx) -> None:
         fold = folded(st, i, world, rank) if n_max and n_max * world <= FOLD_MAX_ELEMS else None
         sums = snapshot[SUM] if fold is None else fold[1]
         sums.copy_(st.local[SUM])
-        local = _to_reference(st, ctx, sums, snapshot[REPLICA])
+        moved = _to_reference(st, ctx, sums, snapshot[REPLICA])
         if fold is not None:
             buf, _, rows, mine, clean = fold
             if not clean:  # normally zeroed by the last wait, after its collective
@@ -103,7 +103,9 @@ def trigger(st: Storage, ctx) -> None:
             if n_max:
                 snapshot[MAX].copy_(st.local[MAX])
                 handles.append(ctx.all_reduce(snapshot[MAX], "max"))
-        done = (SUM, MAX) if local is None else KINDS
+        done = KINDS if moved else (SUM, MAX)
+        # the pivoted statistics' local values for a corrective round (unchanged until the next update)
+        local = [{k: v.clone() for k, v in b.gather(st.local).items()} for b in batches(st)] if moved else None
     for k, v in st.local.items():
         if k not in done:
             snapshot[k].copy_(v)
@@ -154,21 +156,19 @@ def batches(st: Storage) -> list[Batch]:
     return st.sync.batches
 
 
-def _to_reference(st: Storage, ctx, sums: torch.Tensor, rep: torch.Tensor):
+def _to_reference(st: Storage, ctx, sums: torch.Tensor, rep: torch.Tensor) -> bool:
     """Re-expresses the pivoted sums in ``sums`` (about to be summed) about ``ctx``'s reference, which
-    ``rep`` then holds; returns their local values per batch for a corrective round (or None)."""
+    ``rep`` then holds; False when ``st`` has no pivoted statistic."""
     if not st.layout.pivoted:
-        return None
+        return False
     ref = {REPLICA: reference(st, ctx)}
     rep.copy_(st.local[REPLICA])
     bufs = {SUM: sums, REPLICA: rep}
-    local = []
     for b in batches(st):
         state = b.gather(bufs)
-        local.append({k: v.clone() for k, v in state.items()})
         b.stat.adopt_replica(state, b.gather(ref, (REPLICA,)))
         b.scatter(bufs, state)
-    return local
+    return True
 
 
 def reference(st: Storage, ctx) -> torch.Tensor:
