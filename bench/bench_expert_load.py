@@ -5,7 +5,10 @@ next to the floor of one ``torch.bincount`` over all layers' indices (each
 layer's offset by ``layer * E``, the offset tensor made beforehand) and the
 per-layer loop a training codebase writes (d9d's ``MoELayer`` counter:
 ``scatter_add_`` of ones into an int64 ``[E]`` per layer, then added into a
-float64 ``[L, E]`` state)?
+float64 ``[L, E]`` state)? A fourth row, ``read_floor`` (``idx.sum()``, one
+vectorised pass over the same indices), is the floor of any update that
+reads them: per-layer torch / read_floor bounds the speed-up an update can
+show against the per-layer loop.
 
 CPU rows run at 1 thread and at torch's default (``threads=`` in the shape):
 the compiled update splits its slots over threads, the bincount's offset add
@@ -82,7 +85,8 @@ def contenders(idx: torch.Tensor, E: int) -> dict:
             tpe[layer].scatter_add_(0, idx[layer].view(-1), ones)
         state.add_(tpe)
 
-    return {"ExpertLoad.update": lambda: m.update(idx), "bincount_offset": bincount, "per_layer_torch": per_layer}
+    return {"ExpertLoad.update": lambda: m.update(idx), "bincount_offset": bincount, "per_layer_torch": per_layer,
+            "read_floor": lambda: idx.sum()}
 
 
 def interleaved(fns: dict, repeats: int, min_repeat_s: float, sync) -> dict:
@@ -146,7 +150,8 @@ def main(argv=None) -> int:
                       f"[p20 {st.p20 * 1e6:.1f}, p80 {st.p80 * 1e6:.1f}]", flush=True)
             ours = p50["ExpertLoad.update"]
             print(f"{BENCH}: {device} {shape} update / bincount = {ours / p50['bincount_offset']:.2f}x, "
-                  f"per-layer torch / update = {p50['per_layer_torch'] / ours:.2f}x", flush=True)
+                  f"per-layer torch / update = {p50['per_layer_torch'] / ours:.2f}x "
+                  f"(/ read_floor = {p50['per_layer_torch'] / p50['read_floor']:.2f}x)", flush=True)
     torch.set_num_threads(default_threads)
     path = harness.write_csv(a.out, rows)
     harness.plot(path, Path(path).with_suffix(".png"), x="T", panels="device",

@@ -1,4 +1,4 @@
-"""MoE router statistics in a d9d train task: ``python examples/d9d_moe_task.py``.
+"""MoE router statistics logged by d9d's training loop: ``python examples/d9d_moe_task.py``.
 
 ``MoETask`` is a ``d9d.loop.control.TrainTask`` for a tiny causal LM whose
 feed-forward blocks are d9d's own ``MoELayer`` (``d9d.module.block.moe``),
@@ -15,18 +15,23 @@ kept in a ``ModuleDict`` keyed by global layer index as d9d's models do.
   right before d9d starts the metrics' sync) adds every stage's counters to
   the metric in one update (``ExpertLoad.update_from_model``, global layer
   ids from the module names) and zeroes them. Nothing reads a tensor on the
-  host. Each logging step logs ``train/router/max_violation``,
-  ``dead_experts``, ``cv`` and ``entropy``.
+  host.
 
-d9d's own loop needs CUDA (its metric collector, the MoE layer's token
-dispatch and grouped-GEMM experts). So that this file runs on any machine,
-``main`` drives the calls the loop makes, in its order, on CPU: the event
-bus with the same two events, ``build_forward_inputs`` -> model ->
-``compute_loss`` -> backward -> ``update_metrics`` per microbatch, and on
-logging steps ``metrics.sync(ctx)`` (when distributed), ``compute()``,
-``reset()``. On CPU the MoE forward is ``moe_forward``: d9d's router and
-its token counter as they are, the experts' SwiGLU as dense torch over the
-layer's grouped weights (``MoELayer.forward`` itself on CUDA).
+``train`` runs d9d's own trainer, ``TrainingConfigurator(...).configure()
+.train()``, with this task, the model as pipeline stages (``MoEStage``: the
+embedding on the first, the head on the last, the MoE blocks split between
+them), a deterministic token stream and SGD. Each logging step the tracker
+gets ``train/loss`` and ``train/router/max_violation``, ``dead_experts``,
+``cv`` and ``entropy`` (``main`` uses d9d's log tracker: one log line each).
+
+Without a GPU: d9d's loop calls CUDA (device, streams, events, meshes), so
+``train`` first installs ``d9d_cpu_standin`` (next to this file: a CPU
+stand-in for exactly those calls, for tests and examples only), and the
+MoE forward is ``moe_forward``: d9d's router and token counter as they are,
+the experts' SwiGLU as dense torch over the layer's grouped weights (d9d's
+token dispatch and grouped GEMM need CUDA; ``MoELayer.forward`` itself runs
+on CUDA). ``tests/test_example_moe.py`` runs ``train`` on one process and on
+4 gloo ranks (pp 2 x dp 2).
 
     python examples/d9d_moe_task.py [--steps 6] [--log-every 3] [--layers 4] [--experts 8] [--top-k 2]
 """
@@ -34,15 +39,15 @@ layer's grouped weights (``MoELayer.forward`` itself on CUDA).
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
-from dataclasses import dataclass
-from typing import cast
+import tempfile
+from pathlib import Path
+from collections.abc import Iterator
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
-from d9d.core import pytree
-from d9d.core.dist_context import DeviceMeshParameters, DistributedContext
+from d9d.core.dist_context import BATCH_DOMAIN, DENSE_DOMAIN, DeviceMeshParameters
 from d9d.loop.control import (
     BuildForwardInputsContext,
     BuildForwardInputsResult,
@@ -50,15 +55,20 @@ from d9d.loop.control import (
     ComputeLossResult,
     CreateMetricsContext,
     CreateMetricsResult,
+    InitializeDataProviderContext,
+    InitializeModelStageContext,
+    InitializeModelStageResult,
+    ModelProvider,
+    ParallelizeModelStageContext,
     RegisterTaskEventsContext,
     TrainTask,
     UpdateMetricsContext,
 )
-from d9d.loop.event import EventBus
 from d9d.loop.event.catalogue.common import EventModelStagesReadyContext, EventStepContext
 from d9d.loop.event.catalogue.train import EVENT_TRAIN_FORWARD_BACKWARD_POST, EVENT_TRAIN_MODEL_STAGES_READY
-from d9d.metric.impl.container import ComposeMetric
+from d9d.core.types import MicrobatchPack
 from d9d.module.block.moe import MoELayer
+from torch.distributed.tensor import DTensor
 
 import d9d_kernels as dk
 from d9d_kernels.metrics.expert_load import moe_layers
@@ -136,98 +146,168 @@ class Block(torch.nn.Module):
         super().__init__()
         self.mlp = MoELayer(hidden_dim=dim, intermediate_dim_grouped=dim, num_grouped_experts=experts, top_k=top_k,
                             router_renormalize_probabilities=True)
-        self.mlp.reset_parameters()
 
     def forward(self, h):
         return h + moe_forward(self.mlp, h)
 
 
-class TinyMoELM(torch.nn.Module):
-    """Embedding, ``layers`` MoE blocks keyed by global layer index, LM head."""
+class MoEStage(torch.nn.Module):
+    """One pipeline stage of the tiny MoE LM: the embedding on the first
+    stage, the MoE blocks ``layer_ids`` (a ``ModuleDict`` keyed by global
+    layer index: ``layers.<i>.mlp``), the LM head on the last. d9d calls it
+    with the pipeline inputs (first stage) or the previous stage's outputs."""
 
-    def __init__(self, vocab: int, layers: int, experts: int, top_k: int, dim: int = 16):
+    def __init__(self, vocab: int, dim: int, layer_ids: range, experts: int, top_k: int, first: bool, last: bool):
         super().__init__()
-        self.emb = torch.nn.Embedding(vocab, dim)
-        self.layers = torch.nn.ModuleDict({str(i): Block(dim, experts, top_k) for i in range(layers)})
-        self.head = torch.nn.Linear(dim, vocab)
+        self.dim = dim
+        self.emb = torch.nn.Embedding(vocab, dim) if first else None
+        self.layers = torch.nn.ModuleDict({str(i): Block(dim, experts, top_k) for i in layer_ids})
+        self.head = torch.nn.Linear(dim, vocab) if last else None
 
-    def forward(self, input_ids):
-        h = self.emb(input_ids)
+    def reset_parameters(self):
+        for m in (self.emb, self.head):
+            if m is not None:
+                m.reset_parameters()
+        for block in self.layers.values():
+            cast(Block, block).mlp.reset_parameters()
+
+    def forward(self, inputs: dict, shared: dict) -> dict:
+        h = self.emb(inputs["input_ids"]) if self.emb is not None else inputs["hidden"]
         for block in self.layers.values():
             h = block(h)
-        return {"logits": self.head(h)}
+        return {"logits": self.head(h)} if self.head is not None else {"hidden": h}
+
+    def stage_transfer_spec(self, pipeline_input: dict, boundary) -> dict:
+        from d9d.pipelining.api import TensorSpec
+
+        return {"hidden": TensorSpec(shape=(*pipeline_input["input_ids"].shape, self.dim), dtype=torch.float32)}
 
 
-def local_dist_context() -> DistributedContext:
-    """A non-distributed d9d ``DistributedContext`` on a CPU-only machine
-    (``DeviceMeshParameters().build()`` calls ``torch.cuda.set_device``; this
-    sets what its constructor sets for a non-distributed run, as
-    examples/d9d_task.py does)."""
-    ctx = object.__new__(DistributedContext)
-    ctx._params = DeviceMeshParameters()
-    ctx._meshes = {}
-    ctx._num_nodes = 1
-    ctx._logger = logging.getLogger("d9d_moe_task")
-    ctx._local_rank = ctx._global_rank = ctx._node_rank = 0
-    ctx._master_addr = "127.0.0.1"
-    ctx._current_device = torch.device("cpu")
-    return ctx
+def stage_layers(layers: int, stage: int, stages: int) -> range:
+    """The global layer ids of pipeline stage ``stage`` of ``stages``."""
+    return range(stage * layers // stages, (stage + 1) * layers // stages)
 
 
-@dataclass
-class Run:
-    """Per logging step: the logged values and the routing (``[layer][microbatch] -> indices``) they cover."""
+class MoEModelProvider(ModelProvider[MoEStage]):
+    """d9d's model provider: ``MoEStage`` for each stage, replicated over the data ranks
+    (experts included: a tiny model needs no expert parallelism)."""
 
-    logged: list
-    routing: list
+    def __init__(self, vocab: int, dim: int, layers: int, experts: int, top_k: int):
+        self.vocab, self.dim, self.layers, self.experts, self.top_k = vocab, dim, layers, experts, top_k
+
+    def initialize_model_stage(self, ctx: InitializeModelStageContext) -> InitializeModelStageResult[MoEStage]:
+        from d9d.model_state.mapper.compose import ModelStateMapperParallel
+        from d9d.model_state.mapper.leaf import ModelStateMapperIdentity
+
+        s = ctx.stage
+        model = MoEStage(self.vocab, self.dim, stage_layers(self.layers, s.current_stage, s.num_stages), self.experts,
+                         self.top_k, s.is_current_stage_first, s.is_current_stage_last)
+        mapper = ModelStateMapperParallel([ModelStateMapperIdentity(n) for n, _ in model.named_parameters()])
+        return InitializeModelStageResult(model=model, state_mapper=mapper)
+
+    def parallelize_model_stage(self, ctx: ParallelizeModelStageContext[MoEStage]) -> None:
+        from d9d.module.parallelism.api import parallelize_replicate
+
+        if not ctx.dist_context.mesh_params.is_distributed:
+            return  # one process: no mesh
+        mesh = ctx.dist_context.mesh_for(DENSE_DOMAIN)
+        parallelize_replicate(ctx.model, mesh["dp_replicate", "dp_cp_shard", "cp_replicate", "tp"])
+        # That made every buffer a DTensor too. A layer's token counter counts this rank's tokens
+        # (d9d's expert-parallel style distributes the experts and the router, never the counter):
+        # it stays a plain tensor.
+        for block in ctx.model.layers.values():
+            moe = cast(Block, block).mlp
+            counter = cast(DTensor, moe.tokens_per_expert).to_local()
+            moe.register_buffer("tokens_per_expert", counter, persistent=False)
 
 
-def run(steps: int = 6, microbatches: int = 2, log_every: int = 3, layers: int = 4, experts: int = 8, top_k: int = 2,
-        vocab: int = 40, batch: int = 4, seq: int = 12, seed: int = 0) -> Run:
-    torch.manual_seed(seed)
-    gen = torch.Generator().manual_seed(seed)
-    dist_context = local_dist_context()
-    task = MoETask(layers, experts, top_k)
-    model = TinyMoELM(vocab, layers, experts, top_k)
-    opt = torch.optim.SGD(model.parameters(), lr=0.5)
-    # d9d.loop.run.train: the event bus, the task's events, the metrics, the stages
-    bus = EventBus()
-    task.register_events(RegisterTaskEventsContext(dist_context=dist_context, event_bus=bus))
-    metrics = ComposeMetric(task.create_metrics(CreateMetricsContext()).metrics)
-    bus.trigger(EVENT_TRAIN_MODEL_STAGES_READY, EventModelStagesReadyContext(modules=[model]))
-    # what the routers chose, for the caller's checks (the metric never sees these)
-    seen: dict[int, list] = {i: [] for i in range(layers)}
-    for i, blk in model.layers.items():
-        router = cast(torch.nn.Module, cast(torch.nn.Module, blk).mlp).router
-        cast(torch.nn.Module, router).register_forward_hook(
-            lambda mod, args, out, i=int(i): seen[i].append(out.selected_expert_indices.detach().clone()))
-    out = Run([], [])
-    for step in range(1, steps + 1):
-        opt.zero_grad()
-        for _ in range(microbatches):
-            ids = torch.randint(0, vocab, (batch, seq + 1), generator=gen)
-            inputs = task.build_forward_inputs(BuildForwardInputsContext(batch={"input_ids": ids[:, :-1],
-                                                                                "labels": ids[:, 1:]}))
-            result = task.compute_loss(ComputeLossContext(pipeline_results=model(**inputs.input), state=inputs.state,
-                                                          schedule=None))  # type: ignore[arg-type]  # no pipeline here
-            assert result.loss_weight is not None
-            (result.loss * result.loss_weight).backward()
-            task.update_metrics(UpdateMetricsContext(state=inputs.state, metrics=metrics.children))
-        bus.trigger(EVENT_TRAIN_FORWARD_BACKWARD_POST, EventStepContext(schedule=None))  # type: ignore[arg-type]
-        for p in model.parameters():
-            if p.grad is not None:
-                p.grad /= microbatches * batch * seq
-        opt.step()
-        if step % log_every == 0 or step == steps:
-            # AsyncMetricCollector.schedule_collection + collect_results, on the current stream
-            if dist_context.mesh_params.is_distributed:
-                metrics.sync(dist_context)
-            out.logged.append((step, pytree.tree_map(lambda x: cast(torch.Tensor, x).clone(), metrics.compute())))
-            metrics.reset()
-            out.routing.append([seen[i][:] for i in range(layers)])
-            for v in seen.values():
-                v.clear()
-    return out
+class TokenStream:
+    """Microbatch packs of random tokens: microbatch ``i`` of step ``s`` on data rank ``dp``
+    from seed ``seed + 1000 s + 10 dp + i``; the position is checkpointed."""
+
+    def __init__(self, dp: int, steps: int, microbatches: int, vocab: int, batch: int, seq: int, seed: int):
+        self.dp, self.steps, self.microbatches = dp, steps, microbatches
+        self.vocab, self.batch, self.seq, self.seed = vocab, batch, seq, seed
+        self.step = 0
+
+    def microbatch(self, i: int) -> dict[str, torch.Tensor]:
+        g = torch.Generator().manual_seed(self.seed + 1000 * self.step + 10 * self.dp + i)
+        ids = torch.randint(0, self.vocab, (self.batch, self.seq + 1), generator=g)
+        return {"input_ids": ids[:, :-1], "labels": ids[:, 1:]}
+
+    def __iter__(self) -> Iterator[MicrobatchPack]:
+        while self.step < self.steps:
+            self.step += 1
+            yield [self.microbatch(i) for i in range(self.microbatches)]
+
+    @property
+    def total_steps(self) -> int | None:
+        return self.steps
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"step": self.step}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.step = int(state_dict["step"])
+
+
+def train(mesh: DeviceMeshParameters | None = None, *, steps: int = 6, microbatches: int = 2, log_every: int = 3,
+          layers: int = 4, experts: int = 8, top_k: int = 2, vocab: int = 40, dim: int = 16, batch: int = 4,
+          seq: int = 12, seed: int = 0, tracker=None, save_dir: str | None = None,
+          task_cls: type[MoETask] = MoETask) -> None:
+    """Runs d9d's trainer on this task: ``mesh`` (default: one process),
+    metrics to ``tracker`` (a d9d tracker config, default d9d's log tracker)
+    every ``log_every`` steps, checkpoints off (``save_dir``: where d9d looks
+    for one to resume; default a fresh temporary folder). ``task_cls``: the
+    task class (a subclass can observe the stages, as the tests do)."""
+    from d9d.loop.config import (
+        CheckpointingConfig,
+        DataPrefetchConfig,
+        DeterminismConfig,
+        GarbageCollectionConfig,
+        GradientClippingConfig,
+        JobLoggerConfig,
+        StepActionSpecial,
+        TrainerConfig,
+    )
+    from d9d.loop.run import TrainingConfigurator
+    from d9d.tracker import RunConfig
+    from d9d.tracker.provider.log import LogTrackerConfig
+
+    on_gpu = torch.cuda.is_available()  # asked once: the stand-in reports a device
+    if not on_gpu:
+        import d9d_cpu_standin  # examples/d9d_cpu_standin.py (this file's folder is on sys.path)
+
+        d9d_cpu_standin.install()
+    with tempfile.TemporaryDirectory() as tmp:
+        config = TrainerConfig(
+            run=RunConfig(name="d9d_moe_task"),
+            logging=JobLoggerConfig(period_steps=log_every, tracker=tracker or LogTrackerConfig()),
+            determinism=DeterminismConfig(base_seed=seed),
+            gc=GarbageCollectionConfig(period_steps=100),
+            checkpointing=CheckpointingConfig(save_dir=Path(save_dir or tmp), period_steps=StepActionSpecial.disable),
+            gradient_clipping=GradientClippingConfig(max_norm=None),
+            # prefetching copies packs on a side CUDA stream: on CPU there is nothing to copy
+            data_prefetch=DataPrefetchConfig(prefetch_factor=1 if on_gpu else 0),
+        )
+
+        def task_provider(ctx):
+            return task_cls(layers, experts, top_k)
+
+        def data_provider(context: InitializeDataProviderContext) -> TokenStream:
+            dc = context.dist_context
+            dp = dc.mesh_for(BATCH_DOMAIN)["dp"].get_local_rank() if dc.mesh_params.is_distributed else 0
+            return TokenStream(dp, steps, microbatches, vocab, batch, seq, seed)
+
+        def optimizer_provider(ctx):
+            return torch.optim.SGD(ctx.model.parameters(), lr=0.5)
+
+        def lr_scheduler_provider(ctx):
+            return torch.optim.lr_scheduler.LambdaLR(ctx.optimizer, lambda s: 1.0)
+
+        model_provider = MoEModelProvider(vocab, dim, layers, experts, top_k)
+        TrainingConfigurator(mesh or DeviceMeshParameters(), config, task_provider, model_provider, data_provider,
+                             optimizer_provider, lr_scheduler_provider).configure().train()
 
 
 def main(argv=None) -> int:
@@ -240,11 +320,8 @@ def main(argv=None) -> int:
     p.add_argument("--top-k", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args(argv)
-    r = run(a.steps, a.microbatches, a.log_every, a.layers, a.experts, a.top_k, seed=a.seed)
-    print("step", "loss", *ROUTER_KEYS)
-    for step, values in r.logged:
-        t = values["train"]
-        print(step, f"{t['loss'].item():.4f}", *(f"{t['router'][k].item():.4f}" for k in ROUTER_KEYS))
+    train(steps=a.steps, microbatches=a.microbatches, log_every=a.log_every, layers=a.layers, experts=a.experts,
+          top_k=a.top_k, seed=a.seed)
     return 0
 
 

@@ -3,7 +3,10 @@
 // histograms, and the calling thread adds them into load. A task keeps
 // kSub interleaved uint32 histograms (slot i counts into copy i % kSub), so a
 // run of one expert (the "one expert takes all" routing) does not chain every
-// increment through one counter. The gate sums are one task per row.
+// increment through one counter. The slot loop costs about one increment
+// (load, add, store) per slot; on contiguous rows it prefetches kAhead slots
+// ahead, as a large batch streams from memory (bench/analysis.md, "MoE
+// router statistics"). The gate sums are one task per row.
 // Specification: d9d_kernels/reference.py::expert_histogram.
 #include <ATen/Dispatch.h>
 
@@ -18,16 +21,29 @@ namespace d9d {
 namespace {
 
 constexpr int64_t kGrain = 1 << 14;  // slots per task at least
-constexpr int kSub = 4;              // interleaved histograms per task (E <= kSubMaxE)
+constexpr int kSub = 2;              // interleaved histograms per task (E <= kSubMaxE); 4 or 8 were slower on random routing (bench/analysis.md)
 constexpr int64_t kSubMaxE = 4096;   // beyond this one histogram per task (its copies would not stay in cache)
 constexpr int64_t kFlush = int64_t(1) << 30;  // slots counted before the uint32 counters are flushed
+constexpr int64_t kUnroll = 8;       // slots per step of the unrolled loop (a 64-byte line of int64)
+constexpr int64_t kAhead = 1024;     // slots the contiguous loop prefetches ahead (8 KiB of int64)
 
-// Counts slots [b, e) of one row into out[E] (int64) and its bad slots into nbad.
-template <class I>
+// One slot: its expert's counter in h, or the bad count (-1, a dropped slot, is neither).
+inline void count_slot(int64_t v, uint64_t ue, uint32_t* h, int64_t& bad) {
+  if (static_cast<uint64_t>(v) < ue) {
+    ++h[v];
+  } else {
+    bad += v != -1;
+  }
+}
+
+// Counts slots [b, e) of one row (element stride s; kContig: s == 1) into
+// out[E] (int64) and its bad slots into nbad.
+template <bool kContig, class I>
 void count_row(const I* p, int64_t s, int64_t b, int64_t e, int64_t E, int64_t* out, int64_t& nbad,
                std::vector<uint32_t>& sub) {
   const int ns = E <= kSubMaxE ? kSub : 1;
   const uint64_t ue = static_cast<uint64_t>(E);
+  const auto at = [&](int64_t i) { return static_cast<int64_t>(kContig ? p[i] : p[i * s]); };
   int64_t bad = 0;
   for (int64_t lo = b; lo < e; lo += kFlush) {
     const int64_t hi = std::min(e, lo + kFlush);
@@ -35,26 +51,19 @@ void count_row(const I* p, int64_t s, int64_t b, int64_t e, int64_t E, int64_t* 
     uint32_t* h = sub.data();
     int64_t i = lo;
     if (ns == kSub) {
-      for (; i + kSub <= hi; i += kSub) {
-
-        for (int k = 0; k < kSub; ++k) {
-          const int64_t v = static_cast<int64_t>(p[(i + k) * s]);
-          if (static_cast<uint64_t>(v) < ue) {
-            ++h[k * E + v];
-          } else {
-            bad += v != -1;
-          }
+      if constexpr (kContig) {
+        for (; i + kUnroll + kAhead <= hi; i += kUnroll) {
+#if defined(__GNUC__)
+          __builtin_prefetch(p + i + kAhead);
+#endif
+          for (int k = 0; k < kUnroll; ++k) count_slot(at(i + k), ue, h + (k % kSub) * E, bad);
         }
       }
-    }
-    for (; i < hi; ++i) {
-      const int64_t v = static_cast<int64_t>(p[i * s]);
-      if (static_cast<uint64_t>(v) < ue) {
-        ++h[v];
-      } else {
-        bad += v != -1;
+      for (; i + kUnroll <= hi; i += kUnroll) {
+        for (int k = 0; k < kUnroll; ++k) count_slot(at(i + k), ue, h + (k % kSub) * E, bad);
       }
     }
+    for (; i < hi; ++i) count_slot(at(i), ue, h, bad);
     for (int k = 0; k < ns; ++k) {
       for (int64_t x = 0; x < E; ++x) out[x] += h[k * E + x];
     }
@@ -88,8 +97,13 @@ void expert_histogram_cpu(const at::Tensor& indices, at::IntArrayRef layers, con
           std::vector<uint32_t> sub((E <= kSubMaxE ? kSub : 1) * E);
           for (int64_t t = tb; t < te; ++t) {
             const int64_t r = t / per_row, c = t % per_row;
-            count_row(p + (r0 + r) * s0, s1, c * N / per_row, (c + 1) * N / per_row, E, hist.data() + t * E,
-                      nbad[t], sub);
+            const index_t* row = p + (r0 + r) * s0;
+            const int64_t b = c * N / per_row, e = (c + 1) * N / per_row;
+            if (s1 == 1) {
+              count_row<true>(row, s1, b, e, E, hist.data() + t * E, nbad[t], sub);
+            } else {
+              count_row<false>(row, s1, b, e, E, hist.data() + t * E, nbad[t], sub);
+            }
           }
         };
         if (tasks == 1 || threads == 1) {

@@ -5,7 +5,7 @@ gradient sync, ``AsyncMetricCollector``, ``JobLogger`` and tracker,
 ``StateCheckpointer``) with a tiny language model and ``examples/d9d_task.py``'s
 ``LMTask``: one ``dk.MetricGroup`` (loss, tokens, accuracy, top-5, perplexity)
 from ``create_metrics``, fed in ``update_metrics``. d9d's CUDA calls are
-replaced by ``tests/d9d/cpu_standin.py``; nothing else is.
+replaced by ``examples/d9d_cpu_standin.py``; nothing else is.
 
 Layouts: dp_shard 2 x tp 2 (each tp pair sees the same data) and pp 2 x
 dp_shard 2 (two pipeline stages, only the last computes the loss). Every
@@ -211,9 +211,9 @@ def _train(layout: str, tmp: str, tag: str, stop: bool) -> list:
 def _worker(rank: int, world: int, tmp: str) -> dict:
     from d9d.tracker.provider.null import NullRun
 
-    from tests.d9d import cpu_standin
+    from tests.example_loader import cpu_standin
 
-    cpu_standin.install()
+    cpu_standin().install()
     logged: list = []
 
     def write(self, point, value):  # what d9d's JobLogger hands to the tracker (rank > 0: a null tracker)

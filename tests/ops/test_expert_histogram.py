@@ -42,6 +42,20 @@ def test_random(backend, dtype, shape, E):
     run_and_compare(backend, idx, layers, L, E)
 
 
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
+def test_long_rows_bad_slots_everywhere(backend, dtype):
+    # rows longer than the CPU loop's prefetch distance, of lengths that are no
+    # multiple of its unroll, with bad and dropped slots at the start, inside and in the tail
+    E = 50
+    idx = torch.randint(-1, E, (3, 4099), dtype=dtype)
+    idx.view(-1)[::97] = E
+    idx.view(-1)[5::211] = -7
+    idx[:, -3:] = torch.tensor([E + 1, -1, 2**30], dtype=dtype)
+    idx[1] = 7  # one expert takes a whole row
+    got = run_and_compare(backend, idx, [2, 0, 1], 3, E)
+    assert got[0][0, 7].item() == 4099
+
+
 def test_adversarial(backend):
     E, T, k = 6, 300, 2
     one = torch.full((1, T, k), 4)  # one expert takes all

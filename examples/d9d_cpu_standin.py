@@ -1,8 +1,9 @@
-"""A CPU stand-in for the CUDA calls d9d 0.24's training loop makes, for tests only.
+"""A CPU stand-in for the CUDA calls d9d 0.24's training loop makes, for tests and examples only.
 
 ``install()`` patches, in the calling process, exactly the calls that stop
 d9d's real ``TrainingConfigurator(...).configure().train()`` on a machine
-without a GPU; everything else (meshes, collectives over gloo, pipeline
+without a GPU (``examples/d9d_moe_task.py`` on CPU, ``tests/d9d/test_d9d_trainer.py``,
+``tests/test_example_moe.py``); everything else (meshes, collectives over gloo, pipeline
 schedule, gradient sync, metric collector, tracker, checkpointer) is d9d's
 own code. Each patch names the d9d call it stands in for and why.
 CPU work runs in program order, so streams and events have nothing to order:
@@ -66,15 +67,13 @@ def _to_cpu(cls) -> None:
     cls.to = cpu_to
 
 
-_INSTALLED = False
-
-
 def install() -> None:
     """Patches the CUDA calls of d9d's train loop (idempotent, this process only)."""
-    global _INSTALLED
-    if _INSTALLED:
+    # the mark is on torch.cuda, not in this module: an example imports it as ``d9d_cpu_standin``,
+    # a test may import it as ``examples.d9d_cpu_standin``, and a second patch would wrap the first
+    if getattr(torch.cuda, "_d9d_cpu_standin", False):
         return
-    _INSTALLED = True
+    setattr(torch.cuda, "_d9d_cpu_standin", True)
     from d9d.core.dist_context import configured, device_mesh_domains
     from d9d.internals.grad_norm import norm
     from d9d.metric.impl.aggregation import WeightedMeanMetric
@@ -82,31 +81,31 @@ def install() -> None:
     from d9d.pipelining.infra.stage import communications
     from torch.distributed.device_mesh import init_device_mesh
 
-    cuda = torch.cuda
+    cuda = torch.cuda  # setattr: the patches replace typed attributes (mypy checks examples/)
     # DistributedContext.__init__ divides the world size and the rank by the GPU count (configured.py:55, :73)
-    cuda.device_count = lambda: 1
+    setattr(cuda, "device_count", lambda: 1)
     # DistributedContext.__init__ selects the rank's GPU, the barrier of wait_world() names it
     # (configured.py:78, :129)
-    cuda.set_device = lambda device: None
-    cuda.current_device = lambda: 0
+    setattr(cuda, "set_device", lambda device: None)
+    setattr(cuda, "current_device", lambda: 0)
     # wait_world(), the checkpointer and the model offload wait for / free the GPU (configured.py:130, checkpointer.py:63)
-    cuda.synchronize = lambda device=None: None
-    cuda.empty_cache = lambda: None
+    setattr(cuda, "synchronize", lambda device=None: None)
+    setattr(cuda, "empty_cache", lambda: None)
     # side streams and events: metric collector, gradient buckets, pack prefetch, tracker writes
-    cuda.Stream = _Stream
-    cuda.Event = _Event
-    cuda.current_stream = lambda device=None: _Stream()
-    cuda.stream = lambda stream=None: contextlib.nullcontext()
+    setattr(cuda, "Stream", _Stream)
+    setattr(cuda, "Event", _Event)
+    setattr(cuda, "current_stream", lambda device=None: _Stream())
+    setattr(cuda, "stream", lambda stream=None: contextlib.nullcontext())
     # every domain's mesh is built with device_type="cuda" (device_mesh_domains.py:49 ...)
     device_mesh_domains.init_device_mesh = lambda device_type, **kw: init_device_mesh("cpu", **kw)
     # Not a CUDA call, a d9d 0.24 bug that GPUs hit too: the expert mesh leaves tp out of its size
     # (device_mesh_domains.py:84), so with tp > 1 some ranks are outside it and set_timeout() fails there
     # with an IndexError. tp is folded into ep_replicate, the size DeviceMeshParameters validates.
     expert = device_mesh_domains.ExpertDomain.build_mesh
-    device_mesh_domains.ExpertDomain.build_mesh = lambda self, p: expert(self, p.model_copy(
-        update={"data_parallel_replicate": p.data_parallel_replicate * p.tensor_parallel}))
+    setattr(device_mesh_domains.ExpertDomain, "build_mesh", lambda self, p: expert(self, p.model_copy(
+        update={"data_parallel_replicate": p.data_parallel_replicate * p.tensor_parallel})))
     # the context's device is torch.device("cuda") (configured.py:76): model stages, packs and metrics go there
-    configured.DistributedContext.current_device = property(lambda self: torch.device("cpu"))
+    setattr(configured.DistributedContext, "current_device", property(lambda self: torch.device("cpu")))
     # the metric collector's bind() and the gradient manager move their metrics with .to("cuda")
     # (metric_collector/collector.py:28, gradient_manager.py:39)
     _to_cpu(ComposeMetric)
