@@ -40,11 +40,12 @@ TORCH_LIBRARY(d9d_kernels, m) {
       "linear_logits_target(Tensor hidden, Tensor weight, Tensor? bias, Tensor target, int start, Tensor(a!) out) "
       "-> ()");
   // Internal: moment sums re-expressed about new pivots in place, and their
-  // centres and off-centre flag, for B entries of [9] sums and [2] pivots (a
-  // sync's pivoted statistics in one call each), csrc/*/moments_pivot.*.
-  m.def("moments_recenter(Tensor(a!) moments, Tensor(b!) pivot, Tensor new_pivot) -> ()");
+  // centres and off-centre flag, for the B entries a table addresses in flat
+  // SUM / REPLICA buffers (a sync's pivoted statistics in one call each),
+  // csrc/*/moments_pivot.*.
+  m.def("moments_recenter(Tensor(a!) sums, Tensor(b!) pivots, Tensor new_pivots, Tensor table) -> ()");
   m.def(
-      "moments_center(Tensor moments, Tensor pivot, bool paired, float threshold, Tensor(a!) centre, "
+      "moments_center(Tensor sums, Tensor pivots, Tensor table, float threshold, Tensor(a!) centre, "
       "Tensor(b!) off) -> ()");
 }
 
@@ -104,8 +105,9 @@ void vocab_class_stats_meta(const at::Tensor&, const at::Tensor&, const OptTenso
                             const at::Tensor&, const at::Tensor&, const OptTensor&) {}
 void linear_logits_rows_meta(const at::Tensor&, const at::Tensor&, const OptTensor&, const at::Tensor&,
                              const at::Tensor&, int64_t, int64_t, std::optional<double>, bool, const at::Tensor&) {}
-void moments_recenter_meta(const at::Tensor&, const at::Tensor&, const at::Tensor&) {}
-void moments_center_meta(const at::Tensor&, const at::Tensor&, bool, double, const at::Tensor&, const at::Tensor&) {}
+void moments_recenter_meta(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&) {}
+void moments_center_meta(const at::Tensor&, const at::Tensor&, const at::Tensor&, double, const at::Tensor&,
+                         const at::Tensor&) {}
 void linear_logits_target_meta(const at::Tensor&, const at::Tensor&, const OptTensor&, const at::Tensor&, int64_t,
                                const at::Tensor&) {}
 

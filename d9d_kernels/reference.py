@@ -160,57 +160,68 @@ def weighted_moments(
     state.add_(s)
 
 
-def moments_recenter(moments: torch.Tensor, pivot: torch.Tensor, new_pivot: torch.Tensor) -> None:
-    """Moment sums re-expressed about new pivots, in place (a sync's or a merge's step).
+def _entries(table: torch.Tensor, n: int) -> torch.Tensor:
+    """``[B, n]`` flat indices of each table row's ``n`` values from its offset ``table[:, 0]``."""
+    return table[:, :1] + torch.arange(n, device=table.device)
+
+
+def moments_recenter(sums: torch.Tensor, pivots: torch.Tensor, new_pivots: torch.Tensor, table: torch.Tensor) -> None:
+    """Moment sums re-expressed about new pivots, in place (a sync's, a merge's, forward's step).
 
     Args:
-        moments: float64 ``[B, MOMENTS_SIZE]`` (any leading dims), sums about ``pivot``.
-        pivot: float64 ``[B, 2]`` = (px, py), NaN = unset (the sums are about 0);
-            set to ``new_pivot`` on return.
-        new_pivot: float64 ``[B, 2]``, NaN = 0.
+        sums: float64 ``[n]``, a flat buffer holding ``MOMENTS_SIZE`` vectors.
+        pivots: float64 ``[p]``, a flat buffer holding their pivots (px, py),
+            NaN = unset (the sums are about 0); each entry's is set to its
+            new pivot on return.
+        new_pivots: float64 ``[p]``, laid out as ``pivots``; NaN = 0.
+        table: int64 ``[B, 3]``, one row per entry: the offset of its vector in
+            ``sums``, of its pivot in ``pivots`` (and ``new_pivots``), and
+            whether its y is data (read by ``moments_center`` only).
 
     With ``d = old - new`` (pivots as ``torch.nan_to_num`` reads them):
-    ``sx' = sx + w dx``, ``sxx' = sxx + 2 dx sx + w dx^2`` (same for y),
+    ``sx' = sx + w dx``, ``sxx' = sxx + (2 dx sx + w dx^2)`` (same for y),
     ``sxy' = sxy + (dx sy + dy sx) + w dx dy``; ``w, sae, sse, n`` unchanged.
     """
-    d = torch.nan_to_num(pivot, nan=0.0) - torch.nan_to_num(new_pivot, nan=0.0)
-    w, s = moments[..., :1], moments[..., 1:4:2]  # s: (sx, sy)
-    sxy = moments[..., 5] + (d[..., 0] * s[..., 1] + d[..., 1] * s[..., 0]) + w[..., 0] * d[..., 0] * d[..., 1]
-    moments[..., 2:5:2] += 2.0 * d * s + w * d * d
-    moments[..., 1:4:2] += w * d
-    moments[..., 5] = sxy
-    pivot.copy_(new_pivot)
+    mi, pi = _entries(table, MOMENTS_SIZE), _entries(table[:, 1:], 2)
+    m, new = sums[mi], new_pivots[pi]
+    d = torch.nan_to_num(pivots[pi], nan=0.0) - torch.nan_to_num(new, nan=0.0)
+    w, s = m[:, :1], m[:, 1:4:2]  # s: (sx, sy)
+    out = m.clone()
+    out[:, 1:4:2] = s + w * d
+    out[:, 2:5:2] = m[:, 2:5:2] + (2.0 * d * s + w * d * d)
+    out[:, 5] = m[:, 5] + (d[:, 0] * s[:, 1] + d[:, 1] * s[:, 0]) + w[:, 0] * d[:, 0] * d[:, 1]
+    sums[mi] = out
+    pivots[pi] = new
 
 
-def moments_center(moments: torch.Tensor, pivot: torch.Tensor, paired: bool, threshold: float,
+def moments_center(sums: torch.Tensor, pivots: torch.Tensor, table: torch.Tensor, threshold: float,
                    centre: torch.Tensor, off: torch.Tensor) -> None:
     """The centres moment sums are most precise about, and whether they are off-centre.
 
     Args:
-        moments, pivot: as ``moments_recenter``'s (read only).
-        paired: the y component is data too (else only x is centred).
+        sums, pivots, table: as ``moments_recenter``'s (read only).
         threshold: ulps lost to the pivot above which a component is off-centre.
-        centre: float64 ``[B, 2]``: per component the weighted mean
+        centre: float64 ``[p]``, laid out as ``pivots``: per entry and
+            component (x; y where the table says y is data) the weighted mean
             ``p + d`` (``d = s / w``), written where ``w > 0`` and it is
             finite; left as is elsewhere.
         off: bool ``[1]``: set to True if a written component's sums about
             the pivot lost more than ``threshold`` ulps that sums about the
-            mean keep: ``(|d| + |p|) / (|mean| + std)``, and with ``paired``
+            mean keep: ``(|d| + |p|) / (|mean| + std)``, and where y is data
             also ``d^2 / (var + (p 2^-40)^2)``; never cleared.
     """
-    p = torch.nan_to_num(pivot, nan=0.0)
-    w = moments[..., :1]
-    d = moments[..., 1:4:2] / w
-    var = moments[..., 2:5:2] / w - d * d
+    mi, pi = _entries(table, MOMENTS_SIZE), _entries(table[:, 1:], 2)
+    m, p = sums[mi], torch.nan_to_num(pivots[pi], nan=0.0)
+    paired = table[:, 2:] != 0
+    w = m[:, :1]
+    d = m[:, 1:4:2] / w
+    var = m[:, 2:5:2] / w - d * d
     var = torch.where(var < 0, 0.0, var)  # cancellation can leave it below 0; NaN stays NaN
     mean = p + d
     lost = (d.abs() + p.abs()) / (mean.abs() + var.sqrt())
-    if paired:
-        lost = torch.maximum(lost, d * d / (var + (p * 2.0**-40) ** 2))
-    keep = (w > 0) & torch.isfinite(mean)
-    if not paired:
-        keep = keep & torch.tensor([True, False], device=keep.device)
-    centre.copy_(torch.where(keep, mean, centre))
+    lost = torch.where(paired, torch.maximum(lost, d * d / (var + (p * 2.0**-40) ** 2)), lost)
+    keep = (w > 0) & torch.isfinite(mean) & (paired | torch.tensor([True, False], device=sums.device))
+    centre[pi] = torch.where(keep, mean, centre[pi])
     off.logical_or_((keep & (lost > threshold)).any().reshape(1))
 
 

@@ -199,13 +199,9 @@ class Statistic:
         for k, v in replica.items():
             state[k].copy_(v)
 
-    #: the slots ``adopt_replica`` re-expresses (a sync moves only these); () = every slot
-    recentred = ()
-
-    def center(self, state: dict[str, torch.Tensor], centre: dict[str, torch.Tensor], off: torch.Tensor) -> None:
-        """Writes into ``centre`` (REPLICA views) the values ``state``'s sums are
-        most precise about, where it has data (left as is elsewhere), and sets
-        ``off`` (bool ``[1]``) when sums about the current ones lost precision
-        (a sync's corrective round). Torch ops only. Default: its own, never off."""
-        for k, v in centre.items():
-            v.copy_(state[k])
+    def pivots(self) -> list[tuple[str, str, bool]]:
+        """Its REPLICA slots, each the pivots of moment sums: ``(SUM slot of
+        reference.MOMENTS vectors, REPLICA slot of their pivots, whether y is
+        data)`` per pair. A sync re-expresses them about a reference every rank
+        holds with ``ops.moments_pivot`` (docs/metrics_core.md §3). Default: none."""
+        return []

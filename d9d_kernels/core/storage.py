@@ -89,6 +89,10 @@ class Layout:
         # (formula-only settings such as average= change no slot but change the value)
         self.sync_schema = self.schema + "\n" + self.detail
         self.pivoted = [j for j in range(len(self.stats)) if self.has_replica(j)]
+        for j in self.pivoted:  # a sync moves REPLICA slots as pivots of moment sums (sync.table)
+            stat, named = self.stats[j], {p for _, p, _ in self.stats[j].pivots()}
+            if {s.name for s, _ in self.placed[j] if s.kind == REPLICA} != named:
+                raise ValueError(f"{type(stat).__name__}: every REPLICA slot must be a pivot named by pivots()")
 
     def views(self, bufs: dict[str, torch.Tensor], j: int, kinds=KINDS) -> dict[str, torch.Tensor]:
         return {

@@ -20,6 +20,8 @@ from math import prod as numel
 from typing import TYPE_CHECKING
 
 from d9d_kernels.core.statistic import KINDS, MAX, REPLICA, SUM
+from d9d_kernels.ops.moments_pivot import moments_center, moments_recenter
+from d9d_kernels.reference import MOMENTS_SIZE
 
 if TYPE_CHECKING:
     from d9d_kernels.core.storage import Storage
@@ -30,6 +32,9 @@ __all__ = ["SyncState", "trigger", "wait", "handshake", "resolve_ctx", "record_d
 #: into the one "sum" all_reduce (one row per rank) instead of a second
 #: collective: 8192 doubles = 64 KiB extra.
 FOLD_MAX_ELEMS = 8192
+
+#: ulps lost to an off-centre pivot above which a sync re-sums pivoted moments about their mean
+OFF_CENTER = 1e3
 
 
 class SyncState:
@@ -49,7 +54,7 @@ class SyncState:
         self.pending: Pending | None = None
         self.handshakes: set = set() if handshakes is None else handshakes
         self.references: dict[tuple, torch.Tensor] = {} if references is None else references
-        self.batches: list | None = None  # sync.batches: the pivoted statistics' index tensors
+        self.table: tuple | None = None  # sync.table: every pivot pair, addressed in the flat buffers
         self.off: torch.Tensor | None = None  # _settle's off-centre flag, False between syncs
 
     def copied(self, device: torch.device) -> "SyncState":  # what outlives a move or a clone
@@ -65,7 +70,7 @@ class Pending:
         self.folded = folded  # folded() views when MAX rode in the sum
         self.discard = False  # the whole storage was reset or replaced: publish nothing
         self.ctx = ctx
-        self.local = local  # per batch, the pivoted statistics' local values, for a corrective round
+        self.local = local  # (the table's local moment sums, the local pivots), for a corrective round
         self.cleared: set[int] = set()  # statistics reset (a member's reset) while in flight
 
 
@@ -105,55 +110,30 @@ def trigger(st: Storage, ctx) -> None:
                 handles.append(ctx.all_reduce(snapshot[MAX], "max"))
         done = KINDS if moved else (SUM, MAX)
         # the pivoted statistics' local values for a corrective round (unchanged until the next update)
-        local = [{k: v.clone() for k, v in b.gather(st.local).items()} for b in batches(st)] if moved else None
+        local = (st.local[SUM][table(st)[1]], st.local[REPLICA].clone()) if moved else None
     for k, v in st.local.items():
         if k not in done:
             snapshot[k].copy_(v)
     st.sync.pending = Pending(handles, i, fold, ctx, local)
 
 
-class Batch:
-    """The pivoted statistics of one schema, read and written together: per
-    slot, the range (adjacent statistics) or index of its values in its
-    buffer, so ``adopt_replica`` and ``center`` (which take leading dims;
-    for moments, one op each) run once for all of them. ``gather`` gives views where it can."""
-
-    def __init__(self, layout, js: list[int], device: torch.device):
-        self.stat = layout.stats[js[0]]
-        self.slots = []
-        moved = self.stat.recentred
-        for k, (s, _) in enumerate(layout.placed[js[0]]):
-            if moved and s.name not in moved:
-                continue
-            n, offs = numel(s.shape), [layout.placed[j][k][1] for j in js]
-            adjacent = all(b - a == n for a, b in zip(offs, offs[1:]))
-            where = slice(offs[0], offs[0] + n * len(js)) if adjacent else \
-                torch.cat([torch.arange(o, o + n, device=device) for o in offs])
-            self.slots.append((s.name, s.kind, (len(js), *s.shape), where))
-
-    def gather(self, bufs: dict, kinds=(SUM, REPLICA)) -> dict[str, torch.Tensor]:
-        """The batch's slots of ``bufs``, ``[statistics, *slot shape]``."""
-        return {n: bufs[k][w].view(shape) for n, k, shape, w in self.slots if k in kinds}
-
-    def scatter(self, bufs: dict, state: dict[str, torch.Tensor], kinds=(SUM, REPLICA)) -> None:
-        for n, k, _, w in self.slots:
-            if k in kinds and n in state:
-                if isinstance(w, slice):
-                    dst = bufs[k][w]
-                    if dst.data_ptr() != state[n].data_ptr():
-                        dst.copy_(state[n].reshape(-1))
-                else:
-                    bufs[k].index_copy_(0, w, state[n].reshape(-1))
-
-
-def batches(st: Storage) -> list[Batch]:
-    """``st``'s pivoted statistics in batches of one schema (made once per storage and device)."""
-    if st.sync.batches is None:
-        by_schema: dict[str, list[int]] = {}
+def table(st: Storage) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(table, index)`` on ``st.device``, made once per storage and device:
+    every pivot pair of ``st``'s statistics (``Statistic.pivots``), one int64
+    row per moment vector (its offset in the SUM buffer, its pivot's in the
+    REPLICA buffer, whether y is data), and the flat SUM indices of those
+    vectors in that order."""
+    if st.sync.table is None:
+        rows = []
         for j in st.layout.pivoted:
-            by_schema.setdefault(st.layout.stats[j].schema(), []).append(j)
-        st.sync.batches = [Batch(st.layout, js, st.device) for js in by_schema.values()]
-    return st.sync.batches
+            at = {s.name: (o, s) for s, o in st.layout.placed[j]}
+            for m, p, paired in st.layout.stats[j].pivots():
+                (mo, _), (po, ps) = at[m], at[p]
+                rows += [(mo + MOMENTS_SIZE * e, po + 2 * e, int(paired)) for e in range(numel(ps.shape) // 2)]
+        tab = torch.tensor(rows, dtype=torch.int64).reshape(-1, 3)
+        index = (tab[:, :1] + torch.arange(MOMENTS_SIZE)).reshape(-1)
+        st.sync.table = (tab.to(st.device), index.to(st.device))
+    return st.sync.table
 
 
 def _to_reference(st: Storage, ctx, sums: torch.Tensor, rep: torch.Tensor) -> bool:
@@ -161,13 +141,8 @@ def _to_reference(st: Storage, ctx, sums: torch.Tensor, rep: torch.Tensor) -> bo
     ``rep`` then holds; False when ``st`` has no pivoted statistic."""
     if not st.layout.pivoted:
         return False
-    ref = {REPLICA: reference(st, ctx)}
     rep.copy_(st.local[REPLICA])
-    bufs = {SUM: sums, REPLICA: rep}
-    for b in batches(st):
-        state = b.gather(bufs)
-        b.stat.adopt_replica(state, b.gather(ref, (REPLICA,)))
-        b.scatter(bufs, state)
+    moments_recenter(sums, rep, reference(st, ctx), table(st)[0])
     return True
 
 
@@ -182,29 +157,21 @@ def reference(st: Storage, ctx) -> torch.Tensor:
 def _settle(st: Storage, p: Pending, snapshot: dict) -> None:
     """After the sum: the reference moves to the synced values' centre (it
     stays where an interval had no data); when any pivoted statistic's synced
-    sums are off-centre, the corrective round. Every rank reads the same
-    synced values, so every rank decides alike."""
-    ref = {REPLICA: reference(st, p.ctx)}
+    sums are off-centre, the corrective round: the local sums about the new
+    reference, summed again. Every rank reads the same synced values, so
+    every rank decides alike."""
+    ref, (tab, index) = reference(st, p.ctx), table(st)
     off = st.sync.off = torch.zeros(1, dtype=torch.bool, device=st.device) if st.sync.off is None else st.sync.off
-    for b in batches(st):
-        centre = b.gather(ref, (REPLICA,))
-        b.stat.center(b.gather(snapshot), centre, off)
-        b.scatter(ref, centre, (REPLICA,))
+    moments_center(snapshot[SUM], snapshot[REPLICA], tab, OFF_CENTER, ref, off)
     if bool(off):  # a host read of values every rank holds: every rank decides alike
         off.zero_()  # (kept False between syncs: no zeroing in a steady one)
-        parts = []
-        for b, local in zip(batches(st), p.local):
-            b.stat.adopt_replica(local, b.gather(ref, (REPLICA,)))
-            parts += [local[n].reshape(-1) for n, k, _, _ in b.slots if k == SUM]
-        buf = torch.cat(parts)
-        p.ctx.all_reduce(buf, "sum").wait()
-        pos = 0
-        for b, local in zip(batches(st), p.local):
-            for n, k, shape, _ in b.slots:
-                if k == SUM:
-                    local[n] = buf[pos : pos + local[n].numel()].view(shape)
-                    pos += local[n].numel()
-            b.scatter(snapshot, local)
+        sums, pivots = p.local
+        packed = tab.clone()  # the local sums sit one after another
+        packed[:, 0] = MOMENTS_SIZE * torch.arange(len(tab), device=st.device)
+        moments_recenter(sums, pivots, ref, packed)
+        p.ctx.all_reduce(sums, "sum").wait()
+        snapshot[SUM][index] = sums
+        snapshot[REPLICA].copy_(pivots)
 
 
 def _world_rank(st: Storage, ctx) -> tuple[int, int]:

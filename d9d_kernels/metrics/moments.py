@@ -10,8 +10,9 @@ Pivots: the op sets an unset pivot from the first valid element, so sums are
 about a value near the data (exact variances for ``1e6 + noise``). Ranks (or
 saved checkpoint states) may hold different pivots; before their sums are
 added they are re-centred to one pivot with ``ops.moments_recenter`` (exact
-shift formulas). The first distributed sync adopts, per component, the pivot of
-the lowest rank that has one; it then stays fixed (``reset`` keeps it).
+shift formulas): a merge to the first set one, a sync to its context's
+reference (``MomentsStatistic.pivots``, d9d_kernels/core/sync.py); ``reset``
+clears them.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from collections.abc import Mapping
 import torch
 
 from d9d_kernels import ops
-from d9d_kernels.ops.moments_pivot import moments_center, moments_recenter
+from d9d_kernels.ops.moments_pivot import consecutive, moments_recenter
 from d9d_kernels.core.statistic import MAX, REPLICA, SUM, Slot, Statistic, param, statistic
 from d9d_kernels.reference import MOMENTS_SIZE
 
@@ -192,25 +193,13 @@ class MomentsStatistic(Shareable):
     def choose_replica(self, replicas):
         return {"pivot": first_set([r["pivot"] for r in replicas])}
 
-    #: the slots adopt_replica re-expresses (a sync moves only these)
-    recentred = ("moments", "pivot")
+    def pivots(self):
+        return [("moments", "pivot", self.paired)]
 
     def adopt_replica(self, state, replica) -> None:
-        moments_recenter(state["moments"], state["pivot"], replica["pivot"])
-
-    def center(self, state, centre, off) -> None:
-        """Per component the data's mean (``y`` only when ``paired``) where
-        there is data; ``off`` when sums about the pivot lose more than
-        ``OFF_CENTER`` ulps that sums about the mean keep
-        (``reference.moments_center``): for the mean, ``(|d| + |pivot|) /
-        (|mean| + std)``; with ``paired`` (regression reads central second
-        moments) also ``d² / var`` (a floor of ``2**-40`` of the pivot in
-        ``var`` absorbs the rounding of a centre re-picked on constant data)."""
-        moments_center(state["moments"], state["pivot"], self.paired, OFF_CENTER, centre["pivot"], off)
-
-
-#: ulps lost to an off-centre pivot above which a sync re-sums pivoted moments about their mean
-OFF_CENTER = 1e3
+        piv = state["pivot"]
+        moments_recenter(state["moments"].view(-1), piv.view(-1), replica["pivot"].reshape(-1),
+                         consecutive(piv.numel() // 2, False, piv.device))
 
 
 @statistic

@@ -16,7 +16,7 @@ import torch
 from sklearn.metrics import accuracy_score
 
 import d9d_kernels as dk
-from d9d_kernels.core.statistic import SUM, Slot, Statistic, param, statistic
+from d9d_kernels.core.statistic import REPLICA, SUM, Slot, Statistic, param, statistic
 from d9d_kernels.metrics.binary_stats import BinaryStatistic
 from d9d_kernels.metrics.class_stats import ClassStatistic
 from d9d_kernels.metrics.moments import ExtremaStatistic, MomentsStatistic
@@ -147,6 +147,35 @@ def test_undeclared_subclass_cannot_merge_silently():
 
     assert Declared(1).merge_key() != Declared(2).merge_key()
     assert Declared(2).schema().endswith("Declared(k=2)[x:sum:(2,)]")
+
+
+def test_a_replica_slot_must_be_a_pivot_the_statistic_names():
+    """A sync moves REPLICA slots as pivots of moment sums: one that pivots() does not name is refused."""
+
+    @statistic
+    class Anchored(Statistic):
+        def slots(self):
+            return [Slot("moments", SUM, (9,)), Slot("anchor", REPLICA, (2,), 0.0)]
+
+        def update(self, state, x):
+            state["moments"][0].add_(x.sum())
+
+    class UsesIt(dk.Metric):
+        def _statistics(self):
+            return {"a": Anchored()}
+
+        def update(self, x):
+            self._feed({"a": dict(x=x)})
+
+        def _compute(self, states):
+            return states["a"]["moments"][0]
+
+    with pytest.raises(ValueError, match="Anchored: every REPLICA slot must be a pivot named by pivots"):
+        UsesIt().update(torch.tensor([1.0]))
+    Anchored.pivots = lambda self: [("moments", "anchor", False)]
+    m = UsesIt()
+    m.update(torch.tensor([1.0, 2.0]))
+    assert m.compute().item() == 3.0
 
 
 # ---- across ranks ----------------------------------------------------------------------------
