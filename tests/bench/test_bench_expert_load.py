@@ -19,6 +19,6 @@ def test_tiny_run(tmp_path):
     assert proc.returncode == 0, proc.stderr[-4000:]
     with open(out, newline="") as f:
         rows = list(csv.DictReader(f))
-    assert {r["provider"] for r in rows} == {"ExpertLoad.update", "bincount_offset", "per_layer_torch"}
+    assert {r["provider"] for r in rows} == {"ExpertLoad.update", "bincount_offset", "per_layer_torch", "read_floor"}
     assert all(0 < float(r["p20_us"]) <= float(r["p50_us"]) <= float(r["p80_us"]) for r in rows)
     assert out.with_suffix(".png").stat().st_size > 1000
