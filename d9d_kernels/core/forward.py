@@ -22,7 +22,7 @@ from typing import Callable
 import torch
 
 from d9d_kernels.core.statistic import KINDS, MAX, SUM
-from d9d_kernels.core.storage import chosen_replica, numel
+from d9d_kernels.core.storage import adopt, chosen_replica, numel
 from d9d_kernels.memory import format_bytes
 
 __all__ = ["Scratch", "run"]
@@ -94,7 +94,7 @@ class Scratch:
         for j in ran:
             if st.layout.has_replica(j):
                 stat, batch = st.layout.stats[j], self.views[j]
-                stat.adopt_replica(batch, chosen_replica(stat, st.local_views[j], batch))
+                adopt(stat, batch, chosen_replica(stat, st.local_views[j], batch))
         for kind, loc, scr, init in self.dirty:
             if kind == SUM:
                 loc.add_(scr if init is None else scr - init)  # non-zero reset values: the batch's part only

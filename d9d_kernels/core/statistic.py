@@ -186,22 +186,11 @@ class Statistic:
         their parts' slot names and shapes, or override this)."""
         return {s.name: state[s.name] for s in need.slots()}
 
-    def choose_replica(self, replicas: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-        """The REPLICA values every rank adopts, given each rank's (in rank
-        order, or each saved state's when merging checkpoints). Default: the
-        first one."""
-        return {k: v.clone() for k, v in replicas[0].items()}
-
-    def adopt_replica(self, state: dict[str, torch.Tensor], replica: dict[str, torch.Tensor]) -> None:
-        """Re-expresses ``state`` (this rank's local views, all kinds) relative
-        to ``replica`` and writes ``replica`` into its REPLICA slots. Torch
-        ops only. Default: plain copy (no SUM/MAX slot depends on it)."""
-        for k, v in replica.items():
-            state[k].copy_(v)
-
     def pivots(self) -> list[tuple[str, str, bool]]:
         """Its REPLICA slots, each the pivots of moment sums: ``(SUM slot of
         reference.MOMENTS vectors, REPLICA slot of their pivots, whether y is
-        data)`` per pair. A sync re-expresses them about a reference every rank
-        holds with ``ops.moments_pivot`` (docs/metrics_core.md §3). Default: none."""
+        data)`` per pair. Merges, loads and forward's fold re-express two states
+        about the pivot set first (``storage.align``), a sync about a reference
+        every rank holds, with ``ops.moments_pivot`` (docs/metrics_core.md §3).
+        Default: none."""
         return []

@@ -24,6 +24,7 @@ from d9d_kernels.core.device import resolve_device
 from d9d_kernels.core.statistic import KINDS, MAX, REPLICA, SUM, Slot, Statistic
 from d9d_kernels.core.sync import SyncState
 from d9d_kernels.memory import check_fits, format_bytes
+from d9d_kernels.ops.moments_pivot import consecutive, moments_recenter
 
 __all__ = ["Layout", "Storage", "StateEntry", "numel", "chosen_replica", "align", "combine"]
 
@@ -128,16 +129,23 @@ def feed_key(metric) -> str:
 
 
 def chosen_replica(stat: Statistic, mine: dict, theirs: dict) -> dict:
-    """``choose_replica`` of two states of ``stat`` (``mine`` first)."""
-    names = [s.name for s in stat.slots() if s.kind == REPLICA]
-    return stat.choose_replica([{n: mine[n] for n in names}, {n: theirs[n] for n in names}])
+    """The pivots two states of ``stat`` are re-expressed about: per component, ``mine``'s where set, else ``theirs``."""
+    return {p: torch.where(torch.isnan(mine[p]), theirs[p], mine[p]) for _, p, _ in stat.pivots()}
+
+
+def adopt(stat: Statistic, state: dict, pivots: dict) -> None:
+    """Re-expresses ``state`` (views of ``stat``) about ``pivots`` (by slot name), which its REPLICA slots then hold."""
+    for m, p, _ in stat.pivots():
+        piv = state[p]
+        moments_recenter(state[m].view(-1), piv.view(-1), pivots[p].reshape(-1),
+                         consecutive(piv.numel() // 2, False, piv.device))
 
 
 def align(stat: Statistic, mine: dict, theirs: dict) -> None:
     """Re-expresses two states of ``stat`` (views, all kinds) about their ``chosen_replica``."""
     chosen = chosen_replica(stat, mine, theirs)
-    stat.adopt_replica(mine, chosen)
-    stat.adopt_replica(theirs, chosen)
+    adopt(stat, mine, chosen)
+    adopt(stat, theirs, chosen)
 
 
 def combine(layout: Layout, j: int, mine: dict, theirs: dict) -> None:

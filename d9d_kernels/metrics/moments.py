@@ -10,9 +10,9 @@ Pivots: the op sets an unset pivot from the first valid element, so sums are
 about a value near the data (exact variances for ``1e6 + noise``). Ranks (or
 saved checkpoint states) may hold different pivots; before their sums are
 added they are re-centred to one pivot with ``ops.moments_recenter`` (exact
-shift formulas): a merge to the first set one, a sync to its context's
-reference (``MomentsStatistic.pivots``, d9d_kernels/core/sync.py); ``reset``
-clears them.
+shift formulas) by the core, from ``MomentsStatistic.pivots``: a merge to
+the first set one (core/storage.py ``align``), a sync to its context's
+reference (core/sync.py); ``reset`` clears them.
 """
 
 from __future__ import annotations
@@ -23,11 +23,10 @@ from collections.abc import Mapping
 import torch
 
 from d9d_kernels import ops
-from d9d_kernels.ops.moments_pivot import consecutive, moments_recenter
 from d9d_kernels.core.statistic import MAX, REPLICA, SUM, Slot, Statistic, param, statistic
 from d9d_kernels.reference import MOMENTS_SIZE
 
-__all__ = ["Moments", "MomentsStatistic", "OutputMomentsStatistic", "ExtremaStatistic", "first_set"]
+__all__ = ["Moments", "MomentsStatistic", "OutputMomentsStatistic", "ExtremaStatistic"]
 
 
 def as_tensor(v, device: torch.device, like: torch.Tensor | None = None) -> torch.Tensor:
@@ -56,15 +55,6 @@ def exact_in(v: float, dtype: torch.dtype) -> bool:
         return False
     bf16_ok = struct.unpack("I", struct.pack("f", f32))[0] & 0xFFFF == 0
     return f32 == v and (dtype != torch.bfloat16 or bf16_ok)
-
-
-def first_set(values: list[torch.Tensor]) -> torch.Tensor:
-    """Per component, the first non-NaN value across ``values`` (NaN if none)."""
-    if len(values) == 2:  # forward's fold, every call: two ops
-        return torch.where(torch.isnan(values[0]), values[1], values[0])
-    p = torch.stack([v.reshape(-1) for v in values])
-    idx = torch.argmax((~torch.isnan(p)).to(torch.int8), dim=0)
-    return p.gather(0, idx[None])[0].reshape(values[0].shape)
 
 
 class Moments(Mapping):
@@ -190,16 +180,8 @@ class MomentsStatistic(Shareable):
         """The state by name, pivot-free (``Moments``): what formulas read."""
         return Moments(state)
 
-    def choose_replica(self, replicas):
-        return {"pivot": first_set([r["pivot"] for r in replicas])}
-
     def pivots(self):
         return [("moments", "pivot", self.paired)]
-
-    def adopt_replica(self, state, replica) -> None:
-        piv = state["pivot"]
-        moments_recenter(state["moments"].view(-1), piv.view(-1), replica["pivot"].reshape(-1),
-                         consecutive(piv.numel() // 2, False, piv.device))
 
 
 @statistic
