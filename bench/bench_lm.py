@@ -142,32 +142,35 @@ def allocated_bytes(fn) -> int:
     return sum(e.self_cpu_memory_usage for e in prof.events() if e.self_cpu_memory_usage > 0)
 
 
-def plot(rows, mem, png: Path):
+def bars(rows, case, label, provs, png: Path, title: str, width: float, log: bool = False) -> None:
+    """p50 (ms) per case (``case(row)``, in the order first seen; ticks ``label(case)``) and provider, as grouped bars."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    cases = []
-    for r in rows:
-        if (r["shape"], r["dtype"]) not in cases:
-            cases.append((r["shape"], r["dtype"]))
-    provs = ["floor", "d9d_lse", "d9d", "torch", "torchmetrics"]
-    fig, ax = plt.subplots(figsize=(2.2 * len(cases) + 2, 3.8))
+    cases = list(dict.fromkeys(case(r) for r in rows))
+    fig, ax = plt.subplots(figsize=(width * len(cases) + 2, 3.8))
     w = 0.8 / len(provs)
     for i, p in enumerate(provs):
-        ys = [next((float(r["p50_us"]) / 1e3 for r in rows if (r["shape"], r["dtype"]) == c and r["provider"] == p),
-                   0.0) for c in cases]
+        ys = [next((float(r["p50_us"]) / 1e3 for r in rows if case(r) == c and r["provider"] == p), 0.0) for c in cases]
         ax.bar([k + i * w for k in range(len(cases))], ys, w, label=p)
     ax.set_xticks([k + 0.4 - w / 2 for k in range(len(cases))])
-    ax.set_xticklabels([f"{s}\n{d}" for s, d in cases], fontsize=7)
-    ax.set_yscale("log")
+    ax.set_xticklabels([label(c) for c in cases], fontsize=7)
+    if log:
+        ax.set_yscale("log")
     ax.set_ylabel("ms per update (p50)")
-    ax.set_title(f"{OP} update, CPU, interleaved rounds", fontsize=9)
+    ax.set_title(title, fontsize=9)
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(png, dpi=110)
     plt.close(fig)
+
+
+def plot(rows, mem, png: Path):
+    bars(rows, lambda r: (r["shape"], r["dtype"]), lambda c: f"{c[0]}\n{c[1]}",
+         ["floor", "d9d_lse", "d9d", "torch", "torchmetrics"], png, f"{OP} update, CPU, interleaved rounds", 2.2,
+         log=True)
 
 
 def tp_splits(V: int, tp: int) -> list[tuple[int, int]]:
@@ -414,27 +417,8 @@ def main_busy(a, shapes, rounds) -> int:
 
 
 def plot_busy(rows, png: Path):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    shapes = list(dict.fromkeys(r["shape"] for r in rows))
-    provs = ["mm_floor", "d9d_linear"]
-    fig, ax = plt.subplots(figsize=(2.4 * len(shapes) + 2, 3.8))
-    w = 0.8 / len(provs)
-    for i, p in enumerate(provs):
-        ys = [next((float(r["p50_us"]) / 1e3 for r in rows if r["shape"] == s and r["provider"] == p), 0.0)
-              for s in shapes]
-        ax.bar([k + i * w for k in range(len(shapes))], ys, w, label=p)
-    ax.set_xticks([k + 0.4 - w / 2 for k in range(len(shapes))])
-    ax.set_xticklabels([s.replace(",", "\n", 3) for s in shapes], fontsize=7)
-    ax.set_ylabel("ms per update (p50)")
-    ax.set_title(f"{HIDDEN_OP}, float32, CPU; busy=1: a spinning process beside it", fontsize=9)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(png, dpi=110)
-    plt.close(fig)
+    bars(rows, lambda r: r["shape"], lambda s: s.replace(",", "\n", 3), ["mm_floor", "d9d_linear"], png,
+         f"{HIDDEN_OP}, float32, CPU; busy=1: a spinning process beside it", 2.4)
 
 
 def main(argv=None) -> int:
